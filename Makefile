@@ -1,0 +1,48 @@
+# kvscope — `make run` and `make test` set everything up on a fresh Debian 12 machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+export KVSCOPE_REQUIRE_TOOLS ?= 1
+
+.PHONY: all run test lint typecheck unit bench tools gpu-check clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,web,reference]'
+	touch $@
+
+# promtool (tests), node_exporter and fio (benchmarks) from Debian's packages when missing.
+tools:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-node-exporter >/dev/null || missing="$$missing prometheus-node-exporter"; \
+	command -v fio >/dev/null || missing="$$missing fio"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from Debian:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
+	fi
+
+run: $(STAMP)
+	$(BIN)/kvscope run
+
+lint: $(STAMP)
+	$(BIN)/ruff check agent collectors exporters dashboards tests bench scripts
+	$(BIN)/mypy
+
+test: $(STAMP) tools lint
+	$(BIN)/pytest
+
+bench: $(STAMP) tools
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,115 @@
+"""The metric catalogue: the single truth of every metric kvscope exports.
+
+Each source module declares the specs it emits (a tuple named ``METRICS``); the catalogue gathers
+them. The exporter takes help text and type from here, tests hold the exposition to it, and the
+README's metric reference is generated from it (``kvscope catalogue --markdown``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+_NAME = re.compile(r"^kvscope_[a-z0-9_]+$")
+_LABEL = re.compile(r"^[a-z_][a-z0-9_]*$")
+_UNITS = {"bytes", "seconds", "tokens", "blocks", "requests", "events", "ratio", "bytes_per_second", ""}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # exposed name; counters include the `_total` suffix
+    type: MetricType
+    unit: str  # base unit ("bytes", "seconds", ...) or "" for plain counts
+    labels: tuple[str, ...]
+    help: str
+    source: str  # where the number comes from, shown in the docs
+
+    def check(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"{self.name}: metric names are kvscope_[a-z0-9_]+")
+        if (self.type == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"{self.name}: counters, and only counters, end in _total")
+        if self.unit not in _UNITS:
+            raise ValueError(f"{self.name}: unit {self.unit!r} is not a base unit ({sorted(_UNITS)})")
+        if self.unit and self.unit not in self.name:
+            raise ValueError(f"{self.name}: the name must carry its unit {self.unit!r}")
+        for label in self.labels:
+            if not _LABEL.match(label) or label == "le":
+                raise ValueError(f"{self.name}: bad label name {label!r}")
+        if not self.help.strip():
+            raise ValueError(f"{self.name}: help text is required")
+
+    @property
+    def family(self) -> str:
+        """The family name prometheus-client takes (counters without `_total`)."""
+        return self.name[: -len("_total")] if self.type == "counter" else self.name
+
+
+class Catalogue:
+    """An ordered, validated set of metric specs."""
+
+    def __init__(self, specs: Iterable[MetricSpec]) -> None:
+        self._specs: dict[str, MetricSpec] = {}
+        for spec in specs:
+            spec.check()
+            known = self._specs.get(spec.name)
+            if known is not None and known != spec:
+                raise ValueError(f"{spec.name} is declared twice with different definitions")
+            self._specs[spec.name] = spec
+
+    def __getitem__(self, name: str) -> MetricSpec:
+        return self._specs[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[MetricSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def get(self, name: str) -> MetricSpec | None:
+        return self._specs.get(name)
+
+    def markdown(self) -> str:
+        rows = ["| metric | type | unit | labels | source | help |", "|---|---|---|---|---|---|"]
+        for s in self:
+            labels = ", ".join(s.labels) or "–"
+            rows.append(f"| `{s.name}` | {s.type} | {s.unit or '–'} | {labels} | {s.source} | {s.help} |")
+        return "\n".join(rows) + "\n"
+
+
+def counter(name: str, unit: str, labels: tuple[str, ...], help: str, source: str) -> MetricSpec:
+    return MetricSpec(name, "counter", unit, labels, help, source)
+
+
+def gauge(name: str, unit: str, labels: tuple[str, ...], help: str, source: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", unit, labels, help, source)
+
+
+def histogram(name: str, unit: str, labels: tuple[str, ...], help: str, source: str) -> MetricSpec:
+    return MetricSpec(name, "histogram", unit, labels, help, source)
+
+
+# The agent's own health: every collector reports success, duration and errors (node_exporter's habit).
+AGENT_METRICS = (
+    gauge("kvscope_build_info", "", ("version",), "Always 1; the kvscope version as a label.", "agent"),
+    gauge("kvscope_collector_up", "", ("collector",),
+          "1 when the collector's last run succeeded (or found no hardware), 0 when it failed or hung.",
+          "scheduler"),
+    gauge("kvscope_collector_duration_seconds", "seconds", ("collector",),
+          "Wall time of the collector's last run.", "scheduler"),
+    counter("kvscope_collector_errors_total", "", ("collector",),
+            "Collector runs that raised, timed out or returned invalid readings.", "scheduler"),
+    counter("kvscope_collector_runs_total", "", ("collector",), "Collector runs started.", "scheduler"),
+    counter("kvscope_counter_resets_total", "", ("collector",),
+            "Source counters that went backwards (restart, wrap) and were taken as resets.", "store"),
+    counter("kvscope_store_rejected_readings_total", "", ("collector",),
+            "Readings dropped because they named no catalogued metric or had the wrong label count.",
+            "store"),
+)

@@ -1,0 +1,56 @@
+"""The engine-facing metric contract (architecture §3): what every engine adapter normalises to.
+
+Adapters for vLLM, the reference engine, and later SGLang, LMCache and Dynamo emit these names with
+these labels, so dashboards, rules and the correlation engine read one vocabulary. `engine` is the
+engine kind, `model` the served model, `dp_rank` the engine's own data-parallel index ("0" if none).
+"""
+
+from __future__ import annotations
+
+from agent.catalogue import counter, gauge, histogram
+
+ENGINE_LABELS = ("engine", "model", "dp_rank")
+
+KV_LOOKUP_TOKENS = "kvscope_kv_lookup_tokens_total"
+KV_HIT_TOKENS = "kvscope_kv_hit_tokens_total"
+KV_COMPUTED_TOKENS = "kvscope_kv_computed_tokens_total"
+KV_TRANSFER_BYTES = "kvscope_kv_transfer_bytes_total"
+KV_TRANSFER_SECONDS = "kvscope_kv_transfer_seconds_total"
+TIER_CAPACITY_BYTES = "kvscope_tier_capacity_bytes"
+TIER_CAPACITY_TOKENS = "kvscope_tier_capacity_tokens"
+TIER_USED_BYTES = "kvscope_tier_used_bytes"
+KV_RESIDENT_BLOCKS = "kvscope_kv_resident_blocks"
+TTFT_SECONDS = "kvscope_ttft_seconds"
+QUEUE_SECONDS = "kvscope_queue_time_seconds"
+PREFILL_SECONDS = "kvscope_prefill_time_seconds"
+REQUESTS_RUNNING = "kvscope_requests_running"
+REQUESTS_WAITING = "kvscope_requests_waiting"
+PROMPT_TOKENS = "kvscope_prompt_tokens_total"
+
+_E = ENGINE_LABELS
+
+CONTRACT_METRICS = (
+    counter(KV_LOOKUP_TOKENS, "tokens", _E, "Prompt tokens looked up in the KV hierarchy.", "engine"),
+    counter(KV_HIT_TOKENS, "tokens", (*_E, "tier"),
+            "Prompt tokens served from that tier (G1..G4, or unattributed when the engine does not say).",
+            "engine"),
+    counter(KV_COMPUTED_TOKENS, "tokens", _E, "Prompt tokens recomputed by prefill.", "engine"),
+    counter(PROMPT_TOKENS, "tokens", _E, "Prompt tokens of finished prefills.", "engine"),
+    counter(KV_TRANSFER_BYTES, "bytes", (*_E, "src", "dst"), "KV bytes moved from tier src to tier dst.",
+            "engine"),
+    counter(KV_TRANSFER_SECONDS, "seconds", (*_E, "src", "dst"),
+            "Time spent moving KV bytes from src to dst, where the engine reports it.", "engine"),
+    gauge(TIER_CAPACITY_BYTES, "bytes", (*_E, "tier"), "KV capacity of the tier.", "engine config"),
+    gauge(TIER_CAPACITY_TOKENS, "tokens", (*_E, "tier"), "KV capacity of the tier in tokens.",
+          "engine config"),
+    gauge(TIER_USED_BYTES, "bytes", (*_E, "tier"), "KV bytes resident in the tier.", "engine"),
+    gauge(KV_RESIDENT_BLOCKS, "blocks", (*_E, "tier"), "KV blocks resident in the tier.", "KV events"),
+    histogram(TTFT_SECONDS, "seconds", _E, "Time to first token (engine's definition).", "engine"),
+    histogram(QUEUE_SECONDS, "seconds", _E, "Time requests waited before first being scheduled.",
+              "engine"),
+    histogram(PREFILL_SECONDS, "seconds", _E,
+              "Time from first schedule to first token (vLLM's prefill; synchronous KV loads sit inside).",
+              "engine"),
+    gauge(REQUESTS_RUNNING, "requests", _E, "Requests in the running batch.", "engine"),
+    gauge(REQUESTS_WAITING, "requests", _E, "Requests waiting to be scheduled.", "engine"),
+)

@@ -1,0 +1,38 @@
+"""What collectors hand to the store.
+
+A reading names a catalogued metric and gives its label values in the catalogue's label order
+(a tuple, not a dict: this is the hot path of every collection cycle). Counters are the source's
+own cumulative totals; the store turns them into monotonic totals, so a collector never computes
+deltas and a source that restarts can never produce a negative rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LabelValues = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A counter (cumulative total as the source reports it) or a gauge value."""
+
+    name: str
+    labels: LabelValues
+    value: float
+    # For counters of known width (e.g. 32-bit kernel fields) a decrease is a wrap, not a reset.
+    wrap_modulus: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSample:
+    """A cumulative histogram: upper bounds with cumulative counts, the last bound being +Inf."""
+
+    name: str
+    labels: LabelValues
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+
+Reading = Sample | HistogramSample

@@ -1,0 +1,153 @@
+"""The scheduler: every enabled collector on its own interval, with a timeout, in isolation.
+
+Each collector has a runner thread (timing, health, backoff) and a worker thread (the collect()
+call itself). A collector that raises, hangs past its timeout or returns garbage affects only
+itself: it reports `kvscope_collector_up=0`, counts `kvscope_collector_errors_total`, and is
+retried with exponential backoff. A hung call is never abandoned into a second concurrent call:
+the collector is retried only once the stuck call has returned. Threads are daemons, so a collector
+stuck in a system call cannot keep the agent from shutting down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.readings import Reading
+from agent.store import Store
+from collectors.base import Collector
+
+log = logging.getLogger("kvscope.scheduler")
+
+
+@dataclass
+class Job:
+    name: str
+    collector: Collector
+    interval: float
+    timeout: float
+
+
+class _Worker:
+    """A daemon thread that runs one collect() at a time on request."""
+
+    def __init__(self, name: str, call: Callable[[], list[Reading]]) -> None:
+        self._call = call
+        self._request = threading.Event()
+        self.done = threading.Event()
+        self.done.set()
+        self.result: list[Reading] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"collect-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self) -> None:
+        self.result, self.error = None, None
+        self.done.clear()
+        self._request.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._request.wait()
+            self._request.clear()
+            try:
+                self.result = self._call()
+            except BaseException as exc:  # a collector may raise anything; it is data here
+                self.error = exc
+            self.done.set()
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        jobs: list[Job],
+        max_backoff: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.max_backoff = max_backoff
+        self._clock = clock
+        self._wall = wall_clock
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for job in self.jobs:
+            self._health(job.name, up=True, duration=0.0, error=False, run=False)
+            thread = threading.Thread(target=self._run, args=(job,), name=f"run-{job.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = self._clock() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - self._clock()))
+        for job in self.jobs:
+            close = getattr(job.collector, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("collector %s failed to close", job.name)
+
+    def _health(self, name: str, up: bool, duration: float, error: bool, run: bool = True) -> None:
+        now = self._wall()
+        labels = (name,)
+        self.store.set_gauge("kvscope_collector_up", labels, 1.0 if up else 0.0, now)
+        self.store.set_gauge("kvscope_collector_duration_seconds", labels, duration, now)
+        self.store.bump("kvscope_collector_errors_total", labels, 1.0 if error else 0.0, now)
+        self.store.bump("kvscope_collector_runs_total", labels, 1.0 if run else 0.0, now)
+
+    def _run(self, job: Job) -> None:
+        worker = _Worker(job.name, lambda: list(job.collector.collect()))
+        start: Any = getattr(job.collector, "start", None)
+        failures = 0
+        next_due = self._clock()
+        last_error = ""
+        while not self._stop.wait(max(0.0, next_due - self._clock())):
+            began = self._clock()
+            error = ""
+            if start is not None:
+                try:
+                    start()
+                    start = None
+                except Exception as exc:
+                    error = f"start failed: {exc!r}"
+            if not error:
+                worker.submit()
+                if not worker.done.wait(job.timeout):
+                    error = f"no answer within its {job.timeout:g} s timeout"
+                elif worker.error is not None:
+                    error = f"raised {worker.error!r}"
+                else:
+                    result = self.store.ingest(job.name, worker.result or [], self._wall())
+                    if result.rejected:
+                        error = f"returned {result.rejected} readings that are not catalogued"
+            duration = self._clock() - began
+            if error:
+                failures += 1
+                if error != last_error:
+                    log.warning("collector %s: %s (retrying with backoff)", job.name, error)
+                last_error = error
+                self._health(job.name, up=False, duration=duration, error=True)
+                delay = min(job.interval * 2.0 ** min(failures, 16), self.max_backoff)
+                next_due = self._clock() + delay
+                # a hung call is waited out: never two calls into one collector at once
+                while not worker.done.is_set() and not self._stop.wait(min(delay, 1.0)):
+                    pass
+            else:
+                if last_error:
+                    log.info("collector %s: recovered", job.name)
+                failures, last_error = 0, ""
+                self._health(job.name, up=True, duration=duration, error=False)
+                next_due += job.interval
+                if next_due < self._clock():  # fell behind: skip missed ticks instead of bursting
+                    next_due = self._clock() + job.interval

@@ -1,0 +1,220 @@
+"""The store: every series the agent knows, with counter-reset-safe totals and a short history.
+
+Series are keyed by metric name and label values. For counters the store keeps its own monotonic
+total: a source counter that goes backwards (an engine restart, a re-created device) is a reset and
+its new value counts from zero; a counter of known width that goes backwards is a wrap. Either way
+no delta is ever negative and the exported total never decreases.
+
+Each collector owns the series it reports: a successful collection replaces the collector's set,
+so a vanished device stops being exported, while its state is kept and a device that comes back
+continues its total. A failed collection leaves the last values in place (the totals stay true;
+`kvscope_collector_up` says they are not fresh).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from agent.catalogue import Catalogue, MetricSpec
+from agent.readings import HistogramSample, LabelValues, Reading, Sample
+
+DEFAULT_HISTORY = 600
+
+
+@dataclass(slots=True)
+class Series:
+    spec: MetricSpec
+    labels: LabelValues
+    value: float = 0.0  # gauge value, or the monotonic total of a counter
+    last_raw: float | None = None
+    history: deque[tuple[float, float]] = field(default_factory=deque)
+    # histograms: monotonic cumulative bucket counts, sum and count
+    bounds: tuple[float, ...] = ()
+    buckets: list[float] = field(default_factory=list)
+    last_raw_buckets: tuple[float, ...] = ()
+    hist_sum: float = 0.0
+    last_raw_sum: float = 0.0
+    render_cache: object = None  # owned by the exporter (pre-rendered name and labels)
+
+
+@dataclass(slots=True)
+class IngestResult:
+    accepted: int = 0
+    rejected: int = 0
+    resets: int = 0
+
+
+class Store:
+    def __init__(self, catalogue: Catalogue, history: int = DEFAULT_HISTORY) -> None:
+        if history < 2:
+            raise ValueError("history must keep at least 2 points")
+        self.catalogue = catalogue
+        self._history = history
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, LabelValues], Series] = {}
+        self._owned: dict[str, set[tuple[str, LabelValues]]] = {}
+        self._exported: set[tuple[str, LabelValues]] = set()
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def ingest(self, collector: str, readings: Iterable[Reading], now: float) -> IngestResult:
+        """Apply one successful collection; the collector's series not in it stop being exported."""
+        result = IngestResult()
+        seen: set[tuple[str, LabelValues]] = set()
+        with self._lock:
+            for reading in readings:
+                key = (reading.name, reading.labels)
+                series = self._series_for(key)
+                if series is None:
+                    result.rejected += 1
+                    continue
+                if series.spec.type == "histogram":
+                    if not isinstance(reading, HistogramSample):
+                        result.rejected += 1
+                        continue
+                    result.resets += self._apply_histogram(series, reading, now)
+                else:
+                    if not isinstance(reading, Sample):
+                        result.rejected += 1
+                        continue
+                    result.resets += self._apply_scalar(series, reading, now)
+                seen.add(key)
+                result.accepted += 1
+            previous = self._owned.get(collector, set())
+            self._exported -= previous - seen
+            self._exported |= seen
+            self._owned[collector] = seen
+            if result.resets:
+                self._bump_locked("kvscope_counter_resets_total", (collector,), result.resets, now)
+            if result.rejected:
+                self._bump_locked("kvscope_store_rejected_readings_total", (collector,), result.rejected, now)
+        return result
+
+    def set_gauge(self, name: str, labels: LabelValues, value: float, now: float) -> None:
+        """An agent-internal gauge (never owned by a collector, never dropped)."""
+        with self._lock:
+            series = self._series_for((name, labels))
+            if series is None:
+                raise KeyError(f"{name}{labels} is not a catalogued gauge")
+            series.value = value
+            self._record(series, now, value)
+            self._exported.add((name, labels))
+
+    def bump(self, name: str, labels: LabelValues, by: float, now: float) -> None:
+        """An agent-internal counter: add `by` (>= 0) to its total."""
+        with self._lock:
+            self._bump_locked(name, labels, by, now)
+
+    def _bump_locked(self, name: str, labels: LabelValues, by: float, now: float) -> None:
+        series = self._series_for((name, labels))
+        if series is None or by < 0:
+            raise KeyError(f"{name}{labels} is not a catalogued counter, or {by} < 0")
+        series.value += by
+        self._record(series, now, series.value)
+        self._exported.add((name, labels))
+
+    def _series_for(self, key: tuple[str, LabelValues]) -> Series | None:
+        series = self._series.get(key)
+        if series is None:
+            spec = self.catalogue.get(key[0])
+            if spec is None or len(spec.labels) != len(key[1]):
+                return None
+            series = Series(spec, key[1], history=deque(maxlen=self._history))
+            self._series[key] = series
+        return series
+
+    def _record(self, series: Series, now: float, value: float) -> None:
+        series.history.append((now, value))
+
+    def _apply_scalar(self, series: Series, reading: Sample, now: float) -> int:
+        raw = reading.value
+        resets = 0
+        if series.spec.type == "counter":
+            last = series.last_raw
+            if last is None:
+                series.value = raw
+            elif raw >= last:
+                series.value += raw - last
+            elif reading.wrap_modulus is not None:
+                series.value += raw + reading.wrap_modulus - last
+                resets = 1
+            else:
+                series.value += raw
+                resets = 1
+            series.last_raw = raw
+        else:
+            series.value = raw
+        self._record(series, now, series.value)
+        return resets
+
+    def _apply_histogram(self, series: Series, reading: HistogramSample, now: float) -> int:
+        bounds = tuple(b for b, _ in reading.buckets)
+        raw = tuple(c for _, c in reading.buckets)
+        resets = 0
+        if bounds != series.bounds:
+            # first sight, or the source changed its bucket layout: a new series from here on
+            series.bounds, series.buckets = bounds, list(raw)
+            series.hist_sum, series.value = reading.sum, reading.count
+        elif reading.count < (series.last_raw or 0.0) or any(
+            r < p for r, p in zip(raw, series.last_raw_buckets, strict=True)
+        ):
+            series.buckets = [b + r for b, r in zip(series.buckets, raw, strict=True)]
+            series.hist_sum += reading.sum
+            series.value += reading.count
+            resets = 1
+        else:
+            series.buckets = [
+                b + r - p for b, r, p in zip(series.buckets, raw, series.last_raw_buckets, strict=True)
+            ]
+            series.hist_sum += reading.sum - series.last_raw_sum
+            series.value += reading.count - (series.last_raw or 0.0)
+        series.last_raw, series.last_raw_buckets, series.last_raw_sum = reading.count, raw, reading.sum
+        series.history.append((now, series.value))
+        return resets
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def families(self) -> Iterator[tuple[MetricSpec, list[Series]]]:
+        """Exported series grouped by metric, in catalogue order. Holds the lock while iterating."""
+        with self._lock:
+            by_name: dict[str, list[Series]] = {}
+            for key in self._exported:
+                by_name.setdefault(key[0], []).append(self._series[key])
+            for spec in self.catalogue:
+                group = by_name.get(spec.name)
+                if group:
+                    group.sort(key=lambda s: s.labels)
+                    yield spec, group
+
+    def value(self, name: str, labels: LabelValues) -> float | None:
+        with self._lock:
+            series = self._series.get((name, labels))
+            return None if series is None else series.value
+
+    def values(self, name: str) -> dict[LabelValues, float]:
+        """Current value of every exported series of a metric."""
+        with self._lock:
+            return {k[1]: self._series[k].value for k in self._exported if k[0] == name}
+
+    def history(self, name: str, labels: LabelValues) -> list[tuple[float, float]]:
+        """(time, value) points, oldest first; for histograms the value is the observation count."""
+        with self._lock:
+            series = self._series.get((name, labels))
+            return [] if series is None else list(series.history)
+
+    def histogram(self, name: str, labels: LabelValues) -> tuple[tuple[float, ...], list[float], float, float]:
+        """(bounds, cumulative counts, sum, count) of a histogram series."""
+        with self._lock:
+            s = self._series[(name, labels)]
+            return s.bounds, list(s.buckets), s.hist_sum, s.value
+
+    def delta(self, name: str, labels: LabelValues, since: float) -> float:
+        """How much a counter grew since `since` (0 when unknown)."""
+        points = self.history(name, labels)
+        if not points:
+            return 0.0
+        base = next((v for t, v in reversed(points) if t <= since), points[0][1])
+        return points[-1][1] - base

@@ -1,0 +1,12 @@
+"""The table of collectors the agent can run, by name. Config enables them by these names."""
+
+from __future__ import annotations
+
+from collectors.base import CollectorSpec
+
+# Each collector module declares its own SPEC; this table lists them in a stable order.
+_SPECS: list[CollectorSpec] = []
+
+
+def collector_specs() -> dict[str, CollectorSpec]:
+    return {spec.name: spec for spec in _SPECS}

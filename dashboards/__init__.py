@@ -1,0 +1,1 @@
+"""Grafana dashboards as code, Prometheus recording and alert rules."""

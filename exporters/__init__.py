@@ -1,0 +1,1 @@
+"""Exporters read the store (and correlation results) and never talk to collectors."""

@@ -1,0 +1,119 @@
+"""Prometheus exposition of the store.
+
+Two renderers of one store:
+
+- `StoreCollector`, a prometheus-client custom collector: the reference rendering, and the one
+  used for OpenMetrics (`Accept: application/openmetrics-text`).
+- `TextRenderer`, the default text format (0.0.4). It produces byte for byte what
+  prometheus-client's `generate_latest` produces over `StoreCollector` (a test holds it to that),
+  but pre-renders each series' name and labels once, so a scrape costs one float format per sample
+  instead of ~9 µs per sample. The sidecar is scraped every few seconds in every inference pod: the
+  exposition path is its largest fixed cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from agent.catalogue import MetricSpec
+from agent.store import Series, Store
+
+
+class StoreCollector:
+    """prometheus-client collector over the store (register it in a private CollectorRegistry)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        for spec, group in self.store.families():
+            family: Metric
+            if spec.type == "counter":
+                family = CounterMetricFamily(spec.family, spec.help, labels=spec.labels)
+                for s in group:
+                    family.add_metric(s.labels, s.value)
+            elif spec.type == "gauge":
+                family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+                for s in group:
+                    family.add_metric(s.labels, s.value)
+            else:
+                family = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+                for s in group:
+                    buckets = [(floatToGoString(b), c) for b, c in zip(s.bounds, s.buckets, strict=True)]
+                    family.add_metric(s.labels, buckets, s.hist_sum)
+            yield family
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to describe up front: the store's series come and go
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _label_text(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    pairs = sorted(zip(names, values, strict=True))
+    return ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs)
+
+
+class TextRenderer:
+    """Fast text-format renderer; its output equals generate_latest(StoreCollector)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._headers: dict[str, str] = {}
+
+    def _header(self, spec: MetricSpec) -> str:
+        header = self._headers.get(spec.name)
+        if header is None:
+            doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+            header = f"# HELP {spec.name} {doc}\n# TYPE {spec.name} {spec.type}\n"
+            self._headers[spec.name] = header
+        return header
+
+    @staticmethod
+    def _prefix(spec: MetricSpec, series: Series) -> str:
+        if not spec.labels:
+            return f"{spec.name} "
+        return f"{spec.name}{{{_label_text(spec.labels, series.labels)}}} "
+
+    @staticmethod
+    def _histogram_prefixes(spec: MetricSpec, series: Series) -> tuple[tuple[float, ...], list[str], str, str]:
+        names = (*spec.labels, "le")
+        buckets = [
+            f"{spec.name}_bucket{{{_label_text(names, (*series.labels, floatToGoString(b)))}}} "
+            for b in series.bounds
+        ]
+        plain = _label_text(spec.labels, series.labels)
+        braces = f"{{{plain}}}" if plain else ""
+        return series.bounds, buckets, f"{spec.name}_count{braces} ", f"{spec.name}_sum{braces} "
+
+    def render(self) -> bytes:
+        out: list[str] = []
+        fmt = floatToGoString
+        for spec, group in self.store.families():
+            out.append(self._header(spec))
+            if spec.type != "histogram":
+                for s in group:
+                    prefix = s.render_cache
+                    if not isinstance(prefix, str):
+                        prefix = s.render_cache = self._prefix(spec, s)
+                    out.append(f"{prefix}{fmt(s.value)}\n")
+                continue
+            for s in group:
+                cache = s.render_cache
+                if not isinstance(cache, tuple) or cache[0] != s.bounds:
+                    cache = s.render_cache = self._histogram_prefixes(spec, s)
+                _, buckets, count_prefix, sum_prefix = cache
+                out.extend(f"{p}{fmt(c)}\n" for p, c in zip(buckets, s.buckets, strict=True))
+                out.append(f"{count_prefix}{fmt(s.buckets[-1])}\n")
+                out.append(f"{sum_prefix}{fmt(s.hist_sum)}\n")
+        return "".join(out).encode("utf-8")

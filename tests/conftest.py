@@ -1,0 +1,26 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; `make test` sets KVSCOPE_REQUIRE_TOOLS=1 so a missing one fails."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("KVSCOPE_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"{name} is required (make test installs it from Debian's packages)")
+        pytest.skip(f"{name} not installed")
+    return path
