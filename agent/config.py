@@ -137,7 +137,7 @@ def _coerce(path: str, tp: Any, value: Any) -> Any:
         _, item = typing.get_args(tp)
         if isinstance(value, dict):
             return {str(k): _coerce(f"{path}.{k}", item, v) for k, v in value.items()}
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, dict):
             return bind(tp, value, path)
         raise ConfigError(f"{path}: expected a table, got {type(value).__name__}")
@@ -150,9 +150,8 @@ def _coerce(path: str, tp: Any, value: Any) -> Any:
     elif tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
+    elif tp is str and isinstance(value, str):
+        return value
     raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
 
 

@@ -9,15 +9,18 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.exposition import generate_latest as _generate_openmetrics
 
 from agent.store import Store
 from exporters.prometheus import StoreCollector, TextRenderer
 from exporters.webconfig import WebConfig
 
 log = logging.getLogger("kvscope.http")
+generate_openmetrics: Callable[[CollectorRegistry], bytes] = _generate_openmetrics
+
+# Our names are all legacy-valid, so the classic text format is exact; every Prometheus reads it.
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
 <p><a href="/metrics">metrics</a></p></body></html>
@@ -38,7 +41,7 @@ class MetricsServer:
         self.store = store
         self.renderer = TextRenderer(store)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StoreCollector(store))  # type: ignore[arg-type]
+        self.registry.register(StoreCollector(store))
         self.web = web or WebConfig()
         self.routes = extra_routes or {}
         handler = self._handler_class()
@@ -63,7 +66,7 @@ class MetricsServer:
     def exposition(self, accept: str) -> tuple[bytes, str]:
         if "application/openmetrics-text" in accept:
             return generate_openmetrics(self.registry), OPENMETRICS_TYPE
-        return self.renderer.render(), CONTENT_TYPE_LATEST
+        return self.renderer.render(), TEXT_CONTENT_TYPE
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -72,7 +75,7 @@ class MetricsServer:
             protocol_version = "HTTP/1.1"
             server_version = "kvscope"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 log.debug("%s " + format, self.address_string(), *args)
 
             def _reply(self, status: int, ctype: str, body: bytes, gzip_ok: bool = False) -> None:

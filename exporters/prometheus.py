@@ -13,7 +13,7 @@ Two renderers of one store:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,6 +25,9 @@ from prometheus_client.utils import floatToGoString
 
 from agent.catalogue import MetricSpec
 from agent.store import Series, Store
+
+# prometheus-client's own float formatting (Go's), so both renderers agree to the byte
+format_float: Callable[[float], str] = floatToGoString
 
 
 class StoreCollector:
@@ -47,7 +50,7 @@ class StoreCollector:
             else:
                 family = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
                 for s in group:
-                    buckets = [(floatToGoString(b), c) for b, c in zip(s.bounds, s.buckets, strict=True)]
+                    buckets = [(format_float(b), c) for b, c in zip(s.bounds, s.buckets, strict=True)]
                     family.add_metric(s.labels, buckets, s.hist_sum)
             yield family
 
@@ -89,7 +92,7 @@ class TextRenderer:
     def _histogram_prefixes(spec: MetricSpec, series: Series) -> tuple[tuple[float, ...], list[str], str, str]:
         names = (*spec.labels, "le")
         buckets = [
-            f"{spec.name}_bucket{{{_label_text(names, (*series.labels, floatToGoString(b)))}}} "
+            f"{spec.name}_bucket{{{_label_text(names, (*series.labels, format_float(b)))}}} "
             for b in series.bounds
         ]
         plain = _label_text(spec.labels, series.labels)
@@ -98,7 +101,7 @@ class TextRenderer:
 
     def render(self) -> bytes:
         out: list[str] = []
-        fmt = floatToGoString
+        fmt = format_float
         for spec, group in self.store.families():
             out.append(self._header(spec))
             if spec.type != "histogram":
