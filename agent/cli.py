@@ -51,6 +51,13 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_defaults(_args: argparse.Namespace) -> int:
+    from agent.config import defaults_toml
+
+    sys.stdout.write(defaults_toml(collector_specs()))
+    return 0
+
+
 def _catalogue(args: argparse.Namespace) -> int:
     from agent.runtime import build_catalogue
 
@@ -74,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config file and exit")
     check.add_argument("file")
     check.set_defaults(func=_config_check)
+    defaults = config_sub.add_parser("defaults", help="print every key with its embedded default, as TOML")
+    defaults.set_defaults(func=_config_defaults)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _a: print(f"kvscope {__version__}") or 0)
     catalogue = sub.add_parser("catalogue", help="list every metric kvscope can export")

@@ -264,3 +264,52 @@ def load_config_file(path: str | None, specs: Mapping[str, CollectorSpec],
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
     return load_config(text, specs, environ, origin=path)
+
+
+# -- the embedded defaults, as a TOML document an operator can start from ----------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f'"{k}" = {_toml_value(v)}' for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _table(header: str, obj: Any) -> list[str]:
+    lines = [f"[{header}]"]
+    nested = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            nested.append((f"{header}.{f.name}", value))
+        elif value is None:
+            lines.append(f"# {f.name} = (unset)")
+        else:
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    out = [*lines, ""]
+    for sub_header, sub in nested:
+        out.extend(_table(sub_header, sub))
+    return out
+
+
+def defaults_toml(specs: Mapping[str, CollectorSpec]) -> str:
+    """Every section and key with its embedded default (what `kvscope run` uses with no file)."""
+    lines = ["# kvscope configuration: every key with its default. Remove what you do not change.", ""]
+    lines += _table("agent", AgentSection())
+    lines += _table("exporters.prometheus", PrometheusSection())
+    for name, spec in specs.items():
+        lines.append(f"# {spec.description}")
+        lines.append(f"[collectors.{name}]")
+        lines.append(f"enabled = {_toml_value(spec.enabled_by_default)}")
+        lines.append("# interval = (agent.interval)")
+        lines.append("# timeout = (agent.timeout)")
+        lines.extend(_table("x", spec.options())[1:])
+    return "\n".join(lines)

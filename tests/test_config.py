@@ -110,3 +110,16 @@ def test_cli_config_check_accepts_a_good_file(tmp_path: object) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
+
+
+def test_printed_defaults_load_back_for_every_registered_collector() -> None:
+    from agent.config import defaults_toml
+    from collectors.registry import collector_specs
+
+    specs = collector_specs()
+    text = defaults_toml(specs)
+    config = load_config(text, specs, environ={})
+    assert config.agent.interval == 1.0
+    for name, spec in specs.items():
+        assert f"[collectors.{name}]" in text
+        assert config.collectors[name][0].enabled == spec.enabled_by_default
