@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collectors import vllm_kv_events
 from collectors.base import CollectorSpec
 
 # Each collector module declares its own SPEC; this table lists them in a stable order.
-_SPECS: list[CollectorSpec] = []
+_SPECS: list[CollectorSpec] = [vllm_kv_events.SPEC]
 
 
 def collector_specs() -> dict[str, CollectorSpec]:

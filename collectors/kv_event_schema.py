@@ -1,0 +1,268 @@
+"""vLLM KV-event wire format: msgspec structs and a pure decoder for both historic encodings.
+
+Source of truth: shared/facts/vllm.md §2.2–2.6 (vLLM `vllm/distributed/kv_events.py`).
+
+- A batch is a msgpack array `[ts, events, data_parallel_rank]` in every release checked.
+- vLLM ≥ 0.24 encodes each event as a map whose first key is `"type"`; unknown keys are ignored here, so
+  fields added later (locality 0.26, ownership 0.30, lookahead_token_ids 0.33, ...) cost nothing.
+- vLLM ≤ 0.23 encodes each event as a tagged array `["BlockStored", hashes, parent, tokens, ...]`;
+  trailing fields a version adds are ignored (msgspec skips extra array elements).
+
+The decoder picks the encoding per message: the current form first (the common case costs one decode),
+then the legacy form, then a slow path that also accepts a batch encoded as a map (a short-lived
+main-branch state) and skips event types this module does not know, counting them.
+
+Decoding declares only the fields residency needs (hashes, medium, locality): msgspec then skips the
+token ids, which are most of the bytes, without building Python objects for them.
+
+The `Vllm033*` and `Vllm020*` structs mirror the publisher's own definitions; they encode fixtures,
+test streams and benchmark load byte-for-byte as those vLLM versions do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgspec
+
+STORED, REMOVED, CLEARED = 0, 1, 2
+EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+END_SEQ = b"\xff" * 8  # replay end marker: (-1).to_bytes(8, "big", signed=True)
+
+BlockHash = int | bytes  # uint64 (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default) or raw bytes
+
+
+# -- decode side: current map-form events (vLLM >= 0.24) ------------------------------------------
+
+
+class StoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
+    KIND: ClassVar[int] = STORED
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    locality: str | None = None
+
+
+class RemovedEvent(msgspec.Struct, tag="BlockRemoved", gc=False):
+    KIND: ClassVar[int] = REMOVED
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    locality: str | None = None
+
+
+class ClearedEvent(msgspec.Struct, tag="AllBlocksCleared", gc=False):
+    KIND: ClassVar[int] = CLEARED
+    block_hashes: ClassVar[list[BlockHash]] = []
+    medium: ClassVar[str | None] = None
+    locality: ClassVar[str | None] = None
+
+
+MapEvent = StoredEvent | RemovedEvent | ClearedEvent
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[MapEvent]
+    data_parallel_rank: int | None = None
+
+
+# -- decode side: legacy tagged-array events (vLLM <= 0.23) ----------------------------------------
+
+
+class LegacyStoredEvent(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    KIND: ClassVar[int] = STORED
+    locality: ClassVar[str | None] = None  # the array form predates locality (0.26)
+    block_hashes: list[BlockHash]
+    parent_block_hash: msgspec.Raw  # positional fields before medium: kept undecoded
+    token_ids: msgspec.Raw
+    block_size: msgspec.Raw
+    lora_id: msgspec.Raw
+    medium: str | None
+
+
+class LegacyRemovedEvent(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    KIND: ClassVar[int] = REMOVED
+    locality: ClassVar[str | None] = None
+    block_hashes: list[BlockHash]
+    medium: str | None
+
+
+class LegacyClearedEvent(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
+    KIND: ClassVar[int] = CLEARED
+    block_hashes: ClassVar[list[BlockHash]] = []
+    medium: ClassVar[str | None] = None
+    locality: ClassVar[str | None] = None
+
+
+LegacyEvent = LegacyStoredEvent | LegacyRemovedEvent | LegacyClearedEvent
+
+
+class _LegacyBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[LegacyEvent]
+    data_parallel_rank: int | None = None
+
+
+Event = MapEvent | LegacyEvent
+
+
+class MalformedBatch(ValueError):
+    """The payload is not a KV-event batch in any known encoding."""
+
+
+@dataclass(slots=True)
+class DecodedBatch:
+    ts: float
+    events: list[Any]  # Event instances; typed Any so the hot loop reads .KIND without narrowing
+    data_parallel_rank: int | None
+    wire_format: str  # "map" (vLLM >= 0.24) or "array" (<= 0.23)
+    unknown_events: int = 0  # events of a type this decoder does not know (a newer vLLM), skipped
+
+
+class BatchDecoder:
+    """Decodes one msgpack payload into a DecodedBatch. Pure: no I/O, no state between calls."""
+
+    def __init__(self) -> None:
+        self._current = msgspec.msgpack.Decoder(_MapBatch)
+        self._legacy = msgspec.msgpack.Decoder(_LegacyBatch)
+        self._outer = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
+        self._raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
+        self._map_event = msgspec.msgpack.Decoder(MapEvent)
+        self._legacy_event = msgspec.msgpack.Decoder(LegacyEvent)
+        self._any = msgspec.msgpack.Decoder()
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        try:
+            b = self._current.decode(payload)
+            return DecodedBatch(b.ts, b.events, b.data_parallel_rank, "map")
+        except msgspec.DecodeError:
+            pass
+        try:
+            lb = self._legacy.decode(payload)
+            return DecodedBatch(lb.ts, lb.events, lb.data_parallel_rank, "array")
+        except msgspec.DecodeError:
+            pass
+        return self._decode_slow(payload)
+
+    def _decode_slow(self, payload: bytes) -> DecodedBatch:
+        try:
+            outer = self._outer.decode(payload)
+            if isinstance(outer, dict):
+                ts_raw, events_raw, rank_raw = outer["ts"], outer["events"], outer.get("data_parallel_rank")
+            elif len(outer) in (2, 3):
+                ts_raw, events_raw = outer[0], outer[1]
+                rank_raw = outer[2] if len(outer) == 3 else None
+            else:
+                raise MalformedBatch(f"batch array has {len(outer)} elements, expected 3")
+            ts = self._any.decode(ts_raw)
+            rank = self._any.decode(rank_raw) if rank_raw is not None else None
+            if not isinstance(ts, int | float) or isinstance(ts, bool):
+                raise MalformedBatch("batch ts is not a number")
+            if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+                raise MalformedBatch("batch data_parallel_rank is not an integer")
+            events: list[Any] = []
+            unknown = 0
+            forms = set()
+            for raw in self._raw_list.decode(events_raw):
+                event, form = self._decode_event(raw)
+                if event is None:
+                    unknown += 1
+                else:
+                    events.append(event)
+                    forms.add(form)
+        except (msgspec.DecodeError, KeyError) as exc:
+            raise MalformedBatch(str(exc)) from None
+        wire = "array" if forms == {"array"} else "map"
+        return DecodedBatch(float(ts), events, rank, wire, unknown)
+
+    def _decode_event(self, raw: msgspec.Raw) -> tuple[Event | None, str]:
+        try:
+            return self._map_event.decode(raw), "map"
+        except msgspec.DecodeError:
+            pass
+        try:
+            return self._legacy_event.decode(raw), "array"
+        except msgspec.DecodeError:
+            pass
+        # A well-formed event of a type we do not know is skipped and counted; anything else is garbage.
+        value = self._any.decode(raw)
+        tag = value.get("type") if isinstance(value, dict) else (
+            value[0] if isinstance(value, list) and value else None)
+        if isinstance(tag, str) and tag not in EVENT_TYPES:
+            return None, ""
+        raise MalformedBatch(f"event does not match the {tag!r} schema")
+
+
+# -- encode side: what the publisher writes --------------------------------------------------------
+
+
+class _Vllm033Event(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class Vllm033BlockStored(_Vllm033Event, tag="BlockStored"):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class Vllm033BlockRemoved(_Vllm033Event, tag="BlockRemoved"):
+    block_hashes: list[BlockHash]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class Vllm033AllBlocksCleared(_Vllm033Event, tag="AllBlocksCleared"):
+    pass
+
+
+class Vllm033Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Vllm033BlockStored | Vllm033BlockRemoved | Vllm033AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+class _Vllm020Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class Vllm020BlockStored(_Vllm020Event, tag="BlockStored"):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+
+
+class Vllm020BlockRemoved(_Vllm020Event, tag="BlockRemoved"):
+    block_hashes: list[BlockHash]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class Vllm020AllBlocksCleared(_Vllm020Event, tag="AllBlocksCleared"):
+    pass
+
+
+class Vllm020Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Vllm020BlockStored | Vllm020BlockRemoved | Vllm020AllBlocksCleared]
+    data_parallel_rank: int | None = None

@@ -1,0 +1,214 @@
+"""Block residency per tier and block reuse distance, from decoded KV events. Pure: no I/O, no clock.
+
+Residency is a set of block hashes per tier. vLLM re-announces blocks it reuses when a request asks for
+`kv_cache_report_mode=full`, so a store of a block already resident changes nothing; a removal of a block
+we never saw (stored before we joined, or in a lost batch) is ignored and counted.
+
+Reuse distance: for each store of a block already stored earlier in the same tier, the number of
+distinct blocks stored in that tier in between (an LRU stack distance: a cache of more than that many
+blocks would have kept it). Computed in O(log n) per reuse and O(1) per first use, see ReuseTracker.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+from agent.tiers import STORAGE_TIERS, Tier
+from collectors.kv_event_schema import CLEARED, REMOVED, STORED
+
+# Bucket upper bounds of the reuse-distance histogram: 0, then powers of two up to 2**20 blocks.
+REUSE_BOUNDS: tuple[float, ...] = (0.0, *(float(2**i) for i in range(21)))
+_INF_SLOT = len(REUSE_BOUNDS)
+
+
+def tier_of(medium: str | None, locality: str | None) -> Tier:
+    """Map an event's medium (+ locality) to a tier (facts §2.4); unknown mediums are not guessed."""
+    m = (medium or "").upper()
+    if m == "GPU":
+        return Tier.G1
+    if m == "CPU":
+        return Tier.G2
+    if m in ("STORAGE", "FS", "OBJ"):  # FS/OBJ: vLLM 0.26 only, renamed STORAGE in 0.27
+        loc = (locality or "").upper()
+        if loc == "REMOTE" or (loc != "LOCAL" and m == "OBJ"):
+            return Tier.G4
+        return Tier.G3  # LOCAL, or no locality (before 0.26): the publisher's own storage
+    return Tier.UNATTRIBUTED  # None (pre-medium events), "CXL", anything new
+
+
+class ReuseTracker:
+    """Reuse-distance histogram over a stream of block uses, with a cap on the blocks remembered.
+
+    Each use gets a time index t. A block's latest use is a live marker at its time; when the block is
+    used again its old marker dies. The distance of a reuse at t of a block last used at p is the number
+    of live markers in (p, t) = (t - p - 1) - (dead markers in (p, t)). Only dead markers are kept in a
+    Fenwick tree, so a first use costs a dict insert and a reuse two prefix sums plus one update.
+
+    Eviction drops the least recently used block (the oldest live marker). Every block still tracked was
+    used after it, so no query range ever contains an evicted marker and eviction needs no tree update.
+    Time indices are renumbered when they reach 2 × cap (O(cap), so O(1) amortised per use).
+    """
+
+    def __init__(self, max_tracked: int) -> None:
+        if max_tracked < 1:
+            raise ValueError("max_tracked must be >= 1")
+        self._max = max_tracked
+        self._span = 2 * max_tracked
+        self._last: OrderedDict[Hashable, int] = OrderedDict()
+        self._dead = [0] * (self._span + 1)  # Fenwick tree, index = time + 1
+        self._now = 0
+        self.buckets = [0] * (_INF_SLOT + 1)  # per-slot (not cumulative) counts
+        self.sum = 0
+        self.evicted = 0
+
+    @property
+    def tracked(self) -> int:
+        return len(self._last)
+
+    def use(self, key: Hashable) -> None:
+        t = self._now
+        if t >= self._span:
+            self._renumber()
+            t = self._now
+        last = self._last
+        p = last.get(key)
+        if p is None:
+            last[key] = t
+            if len(last) > self._max:
+                last.popitem(last=False)
+                self.evicted += 1
+        else:
+            dead = self._dead
+            # dead markers in (p, t) = prefix(t - 1) - prefix(p), Fenwick indices shifted by one
+            n = 0
+            i = t
+            while i > 0:
+                n += dead[i]
+                i &= i - 1
+            i = p + 1
+            while i > 0:
+                n -= dead[i]
+                i &= i - 1
+            distance = t - p - 1 - n
+            i = p + 1
+            size = self._span
+            while i <= size:
+                dead[i] += 1
+                i += i & -i
+            last.move_to_end(key)
+            last[key] = t
+            self.sum += distance
+            slot = 0 if distance == 0 else min((distance - 1).bit_length() + 1, _INF_SLOT)
+            self.buckets[slot] += 1
+        self._now = t + 1
+
+    def _renumber(self) -> None:
+        for i, key in enumerate(list(self._last)):
+            self._last[key] = i
+        self._dead = [0] * (self._span + 1)
+        self._now = len(self._last)
+
+    def reset(self) -> None:
+        """Forget every block (hashes of a restarted engine mean nothing); the histogram stays."""
+        self._last.clear()
+        self._dead = [0] * (self._span + 1)
+        self._now = 0
+
+    def cumulative(self) -> tuple[tuple[tuple[float, float], ...], float, float]:
+        """(buckets as (upper bound, cumulative count) ending in +Inf, sum, count)."""
+        out = []
+        running = 0
+        for bound, n in zip((*REUSE_BOUNDS, float("inf")), self.buckets, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return tuple(out), float(self.sum), float(running)
+
+
+class TierState:
+    __slots__ = ("known", "removed", "removed_unknown", "resident", "reuse", "stored")
+
+    def __init__(self, max_tracked: int, known: bool) -> None:
+        self.resident: set[Any] = set()
+        self.stored = 0  # blocks that became resident
+        self.removed = 0  # blocks that stopped being resident (BlockRemoved, AllBlocksCleared)
+        self.removed_unknown = 0  # BlockRemoved of a block not resident here (ignored)
+        self.known = known  # residency reflects every event since a known-empty state
+        self.reuse = ReuseTracker(max_tracked)
+
+
+class Residency:
+    """Residency, counters and reuse of one publisher (one data-parallel rank), per tier."""
+
+    def __init__(self, max_tracked: int) -> None:
+        self._max_tracked = max_tracked
+        self.tiers: dict[Tier, TierState] = {}
+        self.events = [0, 0, 0]  # by kind: STORED, REMOVED, CLEARED
+        self.unknown_events = 0
+        self.complete = False  # every batch of the current publisher since seq 0 was applied
+        self._tier_cache: dict[tuple[str | None, str | None], TierState] = {}
+
+    def tier(self, tier: Tier) -> TierState:
+        state = self.tiers.get(tier)
+        if state is None:
+            state = self.tiers[tier] = TierState(self._max_tracked, self.complete)
+        return state
+
+    def _state_for(self, medium: str | None, locality: str | None) -> TierState:
+        key = (medium, locality)
+        state = self._tier_cache.get(key)
+        if state is None:
+            if len(self._tier_cache) > 256:  # a stream of junk mediums must not grow this forever
+                self._tier_cache.clear()
+            state = self._tier_cache[key] = self.tier(tier_of(medium, locality))
+        return state
+
+    def apply(self, events: Iterable[Any], unknown: int = 0) -> None:
+        """Apply decoded events (kv_event_schema structs) in order. The hot loop of the subscriber."""
+        counts = self.events
+        self.unknown_events += unknown
+        state_for = self._state_for
+        for ev in events:
+            kind = ev.KIND
+            counts[kind] += 1
+            if kind == STORED:
+                state = state_for(ev.medium, ev.locality)
+                resident = state.resident
+                use = state.reuse.use
+                before = len(resident)
+                for h in ev.block_hashes:
+                    resident.add(h)
+                    use(h)
+                state.stored += len(resident) - before
+            elif kind == REMOVED:
+                state = state_for(ev.medium, ev.locality)
+                resident = state.resident
+                for h in ev.block_hashes:
+                    if h in resident:
+                        resident.remove(h)
+                        state.removed += 1
+                    else:
+                        state.removed_unknown += 1
+            elif kind == CLEARED:
+                # AllBlocksCleared carries no medium: vLLM sends it when the GPU prefix cache is reset
+                # (BlockPool.reset_prefix_cache); offload tiers keep their blocks. G1 is now known empty.
+                g1 = self.tier(Tier.G1)
+                g1.removed += len(g1.resident)
+                g1.resident.clear()
+                g1.known = True
+
+    def set_complete(self, complete: bool) -> None:
+        """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""
+        self.complete = complete
+        for tier in STORAGE_TIERS:
+            self.tier(tier)
+        for state in self.tiers.values():
+            state.known = complete
+
+    def restart(self) -> None:
+        """A new publisher process: its caches start empty and its hashes may differ (seeded hashing)."""
+        for state in self.tiers.values():
+            state.removed += len(state.resident)
+            state.resident.clear()
+            state.reuse.reset()
