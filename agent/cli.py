@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue = sub.add_parser("catalogue", help="list every metric kvscope can export")
     catalogue.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
     catalogue.set_defaults(func=_catalogue)
+    from agent.reference.cli import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -1,0 +1,7 @@
+"""The reference tier pipeline: a small tiered KV cache and inference loop that moves real bytes.
+
+It speaks vLLM's dialect (/metrics names, KV events, OpenAI endpoint, tracing span) and records the
+ground truth of every request, so the agent can be checked end to end (architecture §5).
+Modules, in data-flow order: geometry → blocks → tierstore → costmodel → engine → (vllm_dialect,
+kv_publisher, tracing, truth) → openai_server → scenarios → cli.
+"""
