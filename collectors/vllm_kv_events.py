@@ -247,38 +247,37 @@ class VllmKvEventsCollector:
                 stream.residency.apply(batch.events, batch.unknown_events)
             stream.expected = seq + 1
             return
-        self._reconcile(stream, seq)
-        with self._lock:
-            stream.residency.apply(batch.events, batch.unknown_events)
+        self._reconcile(stream, seq, batch)
         stream.expected = seq + 1
 
-    def _reconcile(self, stream: _Stream, seq: int) -> None:
-        """Out-of-order seq: first message, gap or restart. Replays what is missing, then marks state."""
+    def _reconcile(self, stream: _Stream, seq: int, batch: DecodedBatch) -> None:
+        """Out-of-order seq (first message, gap or restart): replay what is missing, then apply it and
+        `batch` in one locked step, so a collection never sees half of it."""
         expected = stream.expected
         first = expected is None
         restart = expected is not None and seq < expected
-        if restart:
-            with self._lock:
-                stream.restarts += 1
-                stream.residency.restart()
-                stream.residency.set_complete(False)
-            self._log_once(stream, "restart", "publisher restarted (seq %d after %d)", seq, expected)
-        start = 0 if first or restart else expected
-        assert start is not None
+        start = 0 if expected is None or restart else expected
         want = seq - start
         recovered = self._fetch_replay(stream, start, seq) if want and stream.replay else []
         missing = want - len(recovered)
         with self._lock:
-            for batch in recovered:
-                stream.residency.apply(batch.events, batch.unknown_events)
+            res = stream.residency
+            if restart:
+                stream.restarts += 1
+                res.restart()
+            for old in recovered:
+                res.apply(old.events, old.unknown_events)
             stream.replayed += len(recovered)
             if not first:  # a late joiner's earlier batches were never ours to lose
                 stream.dropped += want
                 stream.missed += missing
             if missing:
-                stream.residency.set_complete(False)
+                res.set_complete(False)
             elif first or restart:
-                stream.residency.set_complete(True)  # every batch since seq 0 is applied
+                res.set_complete(True)  # every batch since seq 0 is applied
+            res.apply(batch.events, batch.unknown_events)
+        if restart:
+            self._log_once(stream, "restart", "publisher restarted (seq %d after %d)", seq, expected)
         if missing and not first:
             self._log_once(stream, "missed", "lost %d event batch(es) before seq %d; residency unknown "
                            "until the next AllBlocksCleared or restart", missing, seq)

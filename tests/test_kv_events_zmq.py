@@ -1,0 +1,322 @@
+"""The subscriber end to end: a real ZMQ publisher (and ROUTER replay server) in the test, the real
+collector over tcp://127.0.0.1 (ephemeral ports) or inproc, payloads in vLLM's wire formats."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from agent.readings import HistogramSample, Sample
+from agent.runtime import build_catalogue
+from agent.store import Store
+from collectors.kv_event_schema import END_SEQ, Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
+from collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
+
+pytestmark = pytest.mark.integration
+FIX = Path(__file__).parent / "fixtures" / "kv_events"
+LAB = ("vllm", "test-model", "0")
+
+
+def fixture(name: str) -> bytes:
+    return bytes.fromhex((FIX / name).read_text().strip())
+
+
+def gpu_batch(*hashes: int, medium: str = "GPU", clear: bool = False) -> bytes:
+    events: list[Any] = [Vllm033BlockStored([h], None, [1] * 16, 16, None, medium, None) for h in hashes]
+    if clear:
+        events.insert(0, Vllm033AllBlocksCleared())
+    return msgspec.msgpack.encode(Vllm033Batch(time.time(), events, 0))
+
+
+class Publisher:
+    """vLLM's PUB side; an XPUB so the test can wait for the subscription instead of sleeping."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str = "tcp://127.0.0.1:*", topic: bytes = b"") -> None:
+        self.sock = ctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        deadline = time.monotonic() + 5.0
+        while True:  # a just-closed socket frees its port asynchronously (ZMQ's I/O thread)
+            try:
+                self.sock.bind(endpoint)
+                break
+            except zmq.ZMQError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.topic = topic
+        self.buffer: dict[int, bytes] = {}  # what vLLM's replay ring would hold
+
+    def wait_subscribed(self, timeout: float = 5.0) -> None:
+        assert self.sock.poll(int(timeout * 1000)), "no subscription arrived"
+        assert self.sock.recv()[0] == 1
+
+    def send(self, seq: int, payload: bytes, live: bool = True) -> None:
+        self.buffer[seq] = payload
+        if live:
+            self.sock.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+
+    def send_raw(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class ReplayServer:
+    """vLLM's replay ROUTER (facts §2.2): 0.26+ replies carry the topic, <= 0.25 ones do not."""
+
+    def __init__(self, ctx: zmq.Context[Any], buffer: dict[int, bytes], with_topic: bool = True) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.buffer, self.with_topic = buffer, with_topic
+        self.requests: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            frames = self.sock.recv_multipart()
+            if len(frames) != 3 or frames[1] != b"":
+                continue  # vLLM logs and ignores invalid requests
+            ident, start = frames[0], int.from_bytes(frames[2], "big")
+            self.requests.append(start)
+            topic = [b""] if self.with_topic else []
+            for seq in sorted(s for s in self.buffer if s >= start):
+                self.sock.send_multipart([ident, b"", *topic, seq.to_bytes(8, "big"), self.buffer[seq]])
+            self.sock.send_multipart([ident, b"", *topic, END_SEQ, b""])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close(0)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    context: zmq.Context[Any] = zmq.Context()
+    yield context
+    context.destroy(0)
+
+
+@pytest.fixture
+def make_sub(ctx: zmq.Context[Any]) -> Iterator[Callable[..., VllmKvEventsCollector]]:
+    made: list[VllmKvEventsCollector] = []
+
+    def make(endpoint: str, **kw: Any) -> VllmKvEventsCollector:
+        kw.setdefault("replay_timeout", 2.0)
+        options = VllmKvEventsOptions(endpoint=endpoint, model="test-model", **kw)
+        options.validate(NAME)
+        collector = VllmKvEventsCollector(options, ctx)
+        collector.start()
+        assert collector.ready.wait(5)
+        made.append(collector)
+        return collector
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def values(c: VllmKvEventsCollector) -> dict[tuple[str, tuple[str, ...]], float]:
+    return {(r.name, r.labels): r.value for r in c.collect() if isinstance(r, Sample)}
+
+
+def wait_for(c: VllmKvEventsCollector, name: str, labels: tuple[str, ...], target: float) -> dict[Any, float]:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        v = values(c)
+        if v.get((name, labels)) == target:
+            return v
+        time.sleep(0.005)
+    raise AssertionError(f"{name}{labels} never reached {target}: {v.get((name, labels))}")
+
+
+def events_seen(v: dict[Any, float], rank: str = "0") -> float:
+    return sum(val for (n, lab), val in v.items() if n == "kvscope_kv_events_total" and lab[2] == rank)
+
+
+def tier(v: dict[Any, float], name: str, t: str, rank: str = "0") -> float | None:
+    return v.get((name, ("vllm", "test-model", rank, t)))
+
+
+# -- tests --------------------------------------------------------------------------------------------
+
+
+def test_live_stream_both_formats_with_garbage_in_between(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    sub = make_sub(pub.endpoint)
+    pub.wait_subscribed()
+    pub.send(0, fixture("vllm-0.33.0_map.hex"))
+    pub.send_raw([b"", b"only two frames"])
+    pub.send_raw([b"", b"\x00\x01", fixture("vllm-0.33.0_map.hex")])  # seq frame of 2 bytes
+    pub.send_raw([b"", (1).to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
+    pub.send_raw([b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode({"a": [1, 2]})])  # wrong shape
+    pub.send_raw([b"", (1).to_bytes(8, "big"), b"x", b"four frames"])
+    pub.send(1, fixture("vllm-0.20.0_array.hex"))
+    pub.send(2, fixture("vllm-0.11.0_array.hex"))
+    pub.send(3, fixture("vllm-0.33.0_tiers.hex"))
+    v = wait_for(sub, "kvscope_kv_events_total", (*LAB, "BlockStored"), 1 + 1 + 2 + 8)
+    assert v[("kvscope_kv_events_malformed_total", LAB)] == 5
+    assert v[("kvscope_kv_events_total", (*LAB, "BlockRemoved"))] == 1 + 1 + 1 + 2
+    assert v[("kvscope_kv_events_total", (*LAB, "AllBlocksCleared"))] == 3
+    for name in ("dropped", "missed", "replayed"):
+        assert v[(f"kvscope_kv_events_{name}_total", LAB)] == 0
+    resident = {t: tier(v, "kvscope_kv_resident_blocks", t) for t in ("G1", "G2", "G3", "G4")}
+    assert resident == {"G1": 2, "G2": 3, "G3": 2, "G4": 0}
+    assert all(tier(v, "kvscope_kv_residency_known", t) == 1 for t in resident)
+    assert tier(v, "kvscope_kv_blocks_removed_unknown_total", "G4") == 1
+    # everything the collector emits is catalogued with the right labels
+    store = Store(build_catalogue())
+    assert store.ingest(NAME, sub.collect(), time.time()).rejected == 0
+    hist = [r for r in sub.collect() if isinstance(r, HistogramSample)]
+    assert {r.labels[3] for r in hist} == {"G1", "G2", "G3", "G4"}
+    pub.close()
+
+
+def test_gap_recovered_through_replay(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    replay = ReplayServer(ctx, pub.buffer)
+    sub = make_sub(pub.endpoint, replay_endpoint=replay.endpoint)
+    pub.wait_subscribed()
+    for seq in range(5):
+        pub.send(seq, gpu_batch(100 + seq), live=seq not in (2, 3))
+    v = wait_for(sub, "kvscope_kv_events_replayed_total", LAB, 2)
+    assert replay.requests == [2]
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 2
+    assert v[("kvscope_kv_events_missed_total", LAB)] == 0
+    assert tier(v, "kvscope_kv_resident_blocks", "G1") == 5
+    assert tier(v, "kvscope_kv_residency_known", "G1") == 1
+    replay.close()
+    pub.close()
+
+
+def test_unrecoverable_gap_then_all_blocks_cleared(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    sub = make_sub(pub.endpoint)  # no replay endpoint
+    pub.wait_subscribed()
+    for seq in range(5):
+        pub.send(seq, gpu_batch(100 + seq), live=seq not in (2, 3))
+    v = wait_for(sub, "kvscope_kv_events_missed_total", LAB, 2)
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 2
+    assert all(tier(v, "kvscope_kv_residency_known", t) == 0 for t in ("G1", "G2", "G3", "G4"))
+    assert tier(v, "kvscope_kv_resident_blocks", "G1") is None  # unknown is not reported as a number
+    pub.send(5, gpu_batch(200, 201, clear=True))  # AllBlocksCleared, then two stores
+    v = wait_for(sub, "kvscope_kv_residency_known", (*LAB, "G1"), 1)
+    assert tier(v, "kvscope_kv_resident_blocks", "G1") == 2
+    assert tier(v, "kvscope_kv_residency_known", "G2") == 0
+    pub.close()
+
+
+def test_partial_replay_with_pre_026_replies(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    replay = ReplayServer(ctx, pub.buffer, with_topic=False)
+    sub = make_sub(pub.endpoint, replay_endpoint=replay.endpoint)
+    pub.wait_subscribed()
+    for seq in range(5):
+        pub.send(seq, gpu_batch(100 + seq), live=seq not in (1, 2, 3))
+    del pub.buffer[2]  # fell out of the ring buffer
+    pub.send(5, gpu_batch(105))
+    v = wait_for(sub, "kvscope_kv_events_missed_total", LAB, 1)
+    assert v[("kvscope_kv_events_replayed_total", LAB)] == 2
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 3
+    assert tier(v, "kvscope_kv_residency_known", "G1") == 0
+    assert tier(v, "kvscope_kv_blocks_stored_total", "G1") == 5
+    replay.close()
+    pub.close()
+
+
+@pytest.mark.parametrize(("ring_start", "known", "replayed"), [(0, 1, 5), (2, 0, 3)])
+def test_late_joiner(ctx: zmq.Context[Any], make_sub: Any, ring_start: int, known: int, replayed: int) -> None:
+    pub = Publisher(ctx)
+    for seq in range(5):
+        pub.send(seq, gpu_batch(100 + seq))  # nobody listens yet
+    for seq in range(ring_start):
+        del pub.buffer[seq]
+    replay = ReplayServer(ctx, pub.buffer)
+    sub = make_sub(pub.endpoint, replay_endpoint=replay.endpoint)
+    pub.wait_subscribed()
+    assert tier(values(sub), "kvscope_kv_residency_known", "G1") == 0  # nothing seen yet
+    pub.send(5, gpu_batch(105))
+    v = wait_for(sub, "kvscope_kv_events_replayed_total", LAB, replayed)
+    assert replay.requests == [0]
+    assert tier(v, "kvscope_kv_residency_known", "G1") == known
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 0  # never ours to lose
+    assert v[("kvscope_kv_events_missed_total", LAB)] == 0
+    assert tier(v, "kvscope_kv_blocks_stored_total", "G1") == replayed + 1
+    assert tier(v, "kvscope_kv_resident_blocks", "G1") == (6 if known else None)
+    replay.close()
+    pub.close()
+
+
+def test_engine_restart_on_the_same_port(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    endpoint = pub.endpoint
+    sub = make_sub(endpoint)
+    pub.wait_subscribed()
+    for seq in range(3):
+        pub.send(seq, gpu_batch(100 + seq))
+    wait_for(sub, "kvscope_kv_blocks_stored_total", (*LAB, "G1"), 3)
+    pub.close()  # the engine process dies; a new one binds the same port and counts from 0 again
+    pub = Publisher(ctx, endpoint)
+    pub.wait_subscribed()  # the SUB reconnected by itself
+    pub.send(0, gpu_batch(500, 501))
+    v = wait_for(sub, "kvscope_kv_publisher_restarts_total", LAB, 1)
+    assert tier(v, "kvscope_kv_resident_blocks", "G1") == 2  # old blocks gone with the old process
+    assert tier(v, "kvscope_kv_blocks_removed_total", "G1") == 3
+    assert tier(v, "kvscope_kv_residency_known", "G1") == 1
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 0
+    for seq in range(1, 5):
+        pub.send(seq, gpu_batch(510 + seq))
+    wait_for(sub, "kvscope_kv_blocks_stored_total", (*LAB, "G1"), 3 + 2 + 4)
+    # a restart seen late (the new process's seq 0 and 1 lost) is a gap from 0
+    pub.close()
+    pub = Publisher(ctx, endpoint)
+    pub.wait_subscribed()
+    pub.send(2, gpu_batch(600))
+    v = wait_for(sub, "kvscope_kv_publisher_restarts_total", LAB, 2)
+    assert v[("kvscope_kv_events_missed_total", LAB)] == 2
+    assert tier(v, "kvscope_kv_residency_known", "G1") == 0
+    pub.close()
+
+
+def test_one_socket_per_data_parallel_rank(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    base = f"inproc://kv-{uuid.uuid4().hex}"
+    pubs = [Publisher(ctx, base), Publisher(ctx, f"{base}_dp1")]
+    sub = make_sub(base, data_parallel_size=2, topic="kv")
+    for p in pubs:
+        p.topic = b"kv@rank"
+        p.wait_subscribed()
+    pubs[0].send(0, gpu_batch(1, 2, 3))
+    pubs[1].send(0, gpu_batch(4))
+    pubs[1].send_raw([b"other", (1).to_bytes(8, "big"), gpu_batch(9)])  # another topic: filtered out
+    wait_for(sub, "kvscope_kv_resident_blocks", ("vllm", "test-model", "1", "G1"), 1)
+    v = wait_for(sub, "kvscope_kv_resident_blocks", (*LAB, "G1"), 3)
+    assert v[("kvscope_kv_events_malformed_total", ("vllm", "test-model", "1"))] == 0
+    for p in pubs:
+        p.close()
+
+
+def test_reuse_distance_histogram_over_the_wire(ctx: zmq.Context[Any], make_sub: Any) -> None:
+    pub = Publisher(ctx)
+    sub = make_sub(pub.endpoint)
+    pub.wait_subscribed()
+    pub.send(0, gpu_batch(1, 2, 3, 1, 4, 4))  # reuses: 1 after {2,3} -> 2; 4 after {} -> 0
+    wait_for(sub, "kvscope_kv_events_total", (*LAB, "BlockStored"), 6)
+    (h,) = [r for r in sub.collect() if isinstance(r, HistogramSample) and r.labels == (*LAB, "G1")]
+    assert (h.count, h.sum) == (2, 2)
+    assert dict(h.buckets)[0.0] == 1 and dict(h.buckets)[1.0] == 1 and dict(h.buckets)[2.0] == 2
+    pub.close()
