@@ -1,0 +1,91 @@
+"""What the host collectors (disk, network, rdma) share: small-file reads, name filters, input errors.
+
+Kernel files are read whole with one `open`/`read` each; callers pass paths built from the
+injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+from collections.abc import Iterable
+
+from agent.catalogue import counter
+from agent.readings import Sample
+
+INPUT_ERRORS_METRIC = "kvscope_host_input_errors_total"
+INPUT_ERRORS = counter(
+    INPUT_ERRORS_METRIC, "", ("collector",),
+    "Kernel files or lines a host collector could not read or parse; it skipped them and reported the rest.",
+    "/proc, /sys",
+)
+
+REGEX_PREFIX = "re:"
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as fh:
+        return fh.read()
+
+
+def _pattern_regex(pattern: str) -> str:
+    if pattern.startswith(REGEX_PREFIX):
+        return f"(?:{pattern[len(REGEX_PREFIX):]})"
+    return fnmatch.translate(pattern)  # already anchored at both ends
+
+
+def check_patterns(key: str, patterns: Iterable[str]) -> None:
+    """Raise ValueError naming `key` when a pattern is empty or not a regular expression."""
+    for pattern in patterns:
+        if not pattern or pattern == REGEX_PREFIX:
+            raise ValueError(f"{key}: empty pattern")
+        try:
+            re.compile(_pattern_regex(pattern))
+        except re.error as exc:
+            raise ValueError(f"{key}: {pattern!r} is not a regular expression: {exc}") from None
+
+
+class NameFilter:
+    """Device/interface selection: a name is kept when it matches `include` (or include is empty)
+    and matches no `exclude` pattern. Patterns are shell globs (`nvme*`), or regular expressions
+    after a `re:` prefix (`re:nvme[0-9]+n1`); both must match the whole name."""
+
+    def __init__(self, include: Iterable[str], exclude: Iterable[str]) -> None:
+        self._include = self._compile(include)
+        self._exclude = self._compile(exclude)
+        self._cache: dict[str, bool] = {}
+
+    @staticmethod
+    def _compile(patterns: Iterable[str]) -> re.Pattern[str] | None:
+        parts = [_pattern_regex(p) for p in patterns]
+        return re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
+
+    def __call__(self, name: str) -> bool:
+        kept = self._cache.get(name)
+        if kept is None:
+            kept = (self._include is None or self._include.fullmatch(name) is not None) and (
+                self._exclude is None or self._exclude.fullmatch(name) is None
+            )
+            if len(self._cache) < 4096:  # names come from the kernel; bound it all the same
+                self._cache[name] = kept
+        return kept
+
+
+class InputErrors:
+    """Counts unreadable or malformed input and logs each kind of problem once, not per cycle."""
+
+    def __init__(self, collector: str, log: logging.Logger) -> None:
+        self.collector = collector
+        self.total = 0
+        self._log = log
+        self._logged: set[str] = set()
+
+    def note(self, kind: str, detail: str, count: int = 1) -> None:
+        self.total += count
+        if kind not in self._logged and len(self._logged) < 256:
+            self._logged.add(kind)
+            self._log.warning("%s: %s (skipped; logged once)", self.collector, detail)
+
+    def sample(self) -> Sample:
+        return Sample(INPUT_ERRORS_METRIC, (self.collector,), float(self.total))
