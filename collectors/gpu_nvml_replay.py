@@ -8,7 +8,7 @@ one format, so a recording from a real machine can be checked in as a fixture un
 
 Format (``"format": "kvscope-nvml-recording/1"``)::
 
-    {"format": ..., "origin": "what produced it",
+    {"format": ..., "origin": "what produced it",   # "poll": index into "polls" (recordings only)
      "calls": [{"fn": "nvmlDeviceGetSamples", "args": [{"handle": 0}, 1, 0],
                 "result": {"valueType": 1, "samples": [[1754000000166666, 37]]}},
                {"fn": "nvmlDeviceGetSamples", "args": [{"handle": 0}, 1, 1754000000166666], "error": 6}, ...],
@@ -245,7 +245,7 @@ class NvmlRecorder:
 
         def call(*args: Any) -> Any:
             json_args = [_to_json(a, self._handles) for a in args]
-            entry: dict[str, Any] = {"fn": name, "args": json_args}
+            entry: dict[str, Any] = {"fn": name, "args": json_args, "poll": len(self.polls)}
             self.calls.append(entry)
             try:
                 result = attr(*args)

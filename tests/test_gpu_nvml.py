@@ -320,3 +320,80 @@ def test_a_recording_replays_to_the_same_readings(tmp_path: Path) -> None:
     for poll, expected in zip(recorded["polls"], live_out, strict=True):
         clocks.set(poll)
         assert replayed.collect() == expected
+
+
+# -- scripts/gpu_check.py (its GPU part runs on a real GPU only; here: recording, analysis, verdicts) --
+
+
+def gpu_check() -> Any:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_imports_nothing_beyond_its_four_packages() -> None:
+    import subprocess
+    import sys
+
+    blocked = ["msgspec", "zmq", "opentelemetry", "yaml", "bcrypt", "numpy"]
+    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+            + "import runpy; runpy.run_path('scripts/gpu_check.py', run_name='not_main')\n")
+    root = Path(__file__).parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_gpu_check_records_in_the_fixture_format_and_judges() -> None:
+    check = gpu_check()
+    poller = check.Poller(NvmlReplay(load("two_h200_constructed.json")), NvmlOptions(), 1.0, "test")
+    for _ in range(3):
+        poller.poll()
+    recording = json.loads(json.dumps(poller.recording()))
+    assert [c["poll"] for c in recording["calls"] if c["fn"] == "nvmlDeviceGetSamples" and c["args"][0] == {"handle": 0}
+            ] == [0, 1, 2]
+    # the recording replays to the readings the live run produced
+    replayed, _, clocks = make(recording)
+    for poll in recording["polls"]:
+        clocks.set(poll)
+        out = replayed.collect()
+    assert out == poller.last
+    assert [r[0] for r in recording["final_readings"]] == [r.name for r in poller.last]
+    facts = check.driver_facts(recording, "0")
+    assert facts["max_pcie_counter"] == 5_104_096
+    assert facts["pids"] == [777, 4242, 4243]
+    lags = [(T0 + 400_000) / 1e6 - recording["polls"][0]["wall"], (T0 + 800_000) / 1e6 - recording["polls"][1]["wall"]]
+    assert facts["sample_ts_minus_wall_s"]["median"] == pytest.approx(sum(lags) / 2)
+    assert "4242" in check.facts_line(facts, 4242) and "NOT listed" in check.facts_line(facts, 1)
+
+
+def test_gpu_check_arithmetic_and_verdicts() -> None:
+    check = gpu_check()
+    intervals = [(0.0, 1.0, 1.0), (1.0, 2.0, 0.5)]
+    assert check.busy_inside(intervals, [(0.5, 1.5)]) == pytest.approx(0.5 + 0.25)
+    # shifted by +0.5 s the first interval (100 % busy) exactly fills the window
+    assert check.busy_inside(intervals, [(0.5, 1.5)], shift=0.5) == pytest.approx(1.0)
+    assert check.busy_inside(intervals, [(0.5, 1.5)], shift=-0.5) == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)
+    good = {"method": "samples", "pcie_method": "counter", "busy_s": 15.2, "on_s": 15.0, "idle_s": 20.0,
+            "unsampled_s": 0.0, "elapsed_s": 35.5, "rx_bytes": 53e9, "h2d_bytes": 50e9, "tx_bytes": 50e9,
+            "d2h_bytes": 50e9}
+    assert check.judge(good) == []
+    assert len(check.judge({**good, "busy_s": 20.0})) == 1
+    assert len(check.judge({**good, "rx_bytes": 10e9})) == 1
+    assert len(check.judge({**good, "rx_bytes": 10e9, "pcie_method": "throughput_estimate"})) == 0
+    assert len(check.judge({**good, "unsampled_s": 10.0, "idle_s": 10.0})) == 1
+    assert check.judge({**good, "method": "none", "busy_s": None}) == ["no busy/idle data (method 'none')"]
+
+
+def test_gpu_check_without_torch_cannot_run(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    assert gpu_check().main(["--out", str(tmp_path / "out")]) == 2
