@@ -1,0 +1,333 @@
+"""The tiered block store: G1 and G2 in host memory, G3 and G4 as directories of block files.
+
+Policy (one thread drives it: the engine's device loop):
+- lookup: the longest run of leading blocks held anywhere, each served from the fastest tier holding it.
+- fetch to G1: G2 → G1 is a memory copy; G3/G4 → G1 reads the file into host memory (a G2 slot when G2
+  keeps blocks, so the hit is promoted into G2; else a staging slot) and copies that to G1. Caching is
+  inclusive: a promoted block keeps its lower copies, so evicting it later costs no write.
+- new blocks land in G1. Eviction (LRU per tier, never a block pinned by the request in flight) cascades
+  the block to the next lower tier that keeps blocks, unless that tier already holds it; from the last
+  tier it is dropped. A tier with retain=False keeps nothing between requests: at release its blocks go
+  down at once. That is the seeds' G4 test: G1 and G2 keep nothing, every reused block comes from G4
+  through the host staging buffer.
+- a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
+Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
+from agent.reference.blocks import BlockId, stamp_block
+from agent.reference.pools import MemoryPool
+from agent.tiers import Tier
+
+log = logging.getLogger("kvscope.reference.store")
+
+G1, G2, G3, G4 = Tier.G1, Tier.G2, Tier.G3, Tier.G4
+ORDER = (G1, G2, G3, G4)
+# KV-event medium and locality per tier, as vLLM ≥ 0.27 publishes them (facts/vllm.md §2.4); the GPU
+# block pool and the CPU offload tier send no locality.
+MEDIUM: dict[Tier, tuple[str, str | None]] = {
+    G1: ("GPU", None), G2: ("CPU", None), G3: ("STORAGE", "LOCAL"), G4: ("STORAGE", "REMOTE"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    capacity_blocks: int  # 0: the tier is off (G1 and G2 still exist as working and staging memory)
+    retain: bool = True  # False: keeps nothing between requests
+    path: Path | None = None  # G3/G4 directory
+    direct: bool = False  # O_DIRECT for G3/G4 files (falls back to buffered where refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    src: Tier
+    dst: Tier
+    bytes: int
+    seconds: float
+    start: float  # clock() at the start
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    kind: str  # "stored" | "removed"
+    tier: Tier
+    block: BlockId
+
+
+class StoreObserver(Protocol):
+    def transfer(self, t: Transfer) -> None: ...
+    def block_event(self, e: BlockEvent) -> None: ...
+    def error(self, tier: Tier, kind: str) -> None: ...
+
+
+@dataclass
+class FetchResult:
+    blocks_by_tier: dict[Tier, int] = field(default_factory=dict)
+    loaded: int = 0  # leading blocks now in G1
+    failed: bool = False  # a block could not be read; the rest of the prefix is recomputed
+
+
+class _Tier:
+    """Residency of one tier: LRU order of keys, plus pool slots for memory tiers."""
+
+    def __init__(self, tier: Tier, spec: TierSpec) -> None:
+        self.tier = tier
+        self.spec = spec
+        self.lru: OrderedDict[int, int] = OrderedDict()  # key → pool slot (memory) or 0 (file)
+
+    @property
+    def keeps(self) -> bool:
+        return self.spec.capacity_blocks > 0 and self.spec.retain
+
+
+class TieredStore:
+    def __init__(self, block_tokens: int, block_bytes: int, specs: dict[Tier, TierSpec],
+                 observer: StoreObserver, clock: Callable[[], float] = time.perf_counter,
+                 seed: int = 0) -> None:
+        if specs.get(G1, TierSpec(0)).capacity_blocks <= 0:
+            raise ValueError("G1 needs at least one block: it is where prefill reads and writes KV")
+        self.block_tokens = block_tokens
+        self.block_bytes = block_bytes
+        self.observer = observer
+        self.clock = clock
+        self.tiers = {t: _Tier(t, specs.get(t, TierSpec(0))) for t in ORDER}
+        self.g1 = MemoryPool(specs[G1].capacity_blocks, block_bytes)
+        self.g2 = MemoryPool(self.tiers[G2].spec.capacity_blocks, block_bytes)
+        self.staging = MemoryPool(2, block_bytes)  # slot 0: writes down; slot 1: reads up
+        self.files: dict[Tier, BlockFiles] = {}
+        self.direct_note: dict[Tier, str] = {}
+        for t in (G3, G4):
+            spec = self.tiers[t].spec
+            if spec.capacity_blocks <= 0:
+                continue
+            if spec.path is None:
+                raise ValueError(f"{t} is on but has no directory")
+            spec.path.mkdir(parents=True, exist_ok=True)
+            direct = spec.direct
+            if direct:
+                direct, note = direct_io_supported(spec.path)
+                self.direct_note[t] = note
+                if not direct:
+                    log.warning("%s: %s; using buffered I/O", t, note)
+            self.files[t] = BlockFiles(spec.path, direct=direct)
+        self.meta: dict[int, BlockId] = {}
+        self.pinned: set[int] = set()
+        self.template = np.random.default_rng(seed).integers(0, 256, block_bytes, dtype=np.uint8)
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def holds(self, tier: Tier, key: int) -> bool:
+        return key in self.tiers[tier].lru
+
+    def resident(self, tier: Tier) -> int:
+        return len(self.tiers[tier].lru)
+
+    def lookup(self, blocks: Iterable[BlockId]) -> list[Tier]:
+        """Fastest tier of each leading block held somewhere; stops at the first miss."""
+        found: list[Tier] = []
+        for b in blocks:
+            tier = next((t for t in ORDER if b.key in self.tiers[t].lru), None)
+            if tier is None:
+                break
+            found.append(tier)
+        return found
+
+    def g1_view(self, key: int) -> np.ndarray:
+        return self.g1.block(self.tiers[G1].lru[key])
+
+    # -- the request path ----------------------------------------------------------------------------
+
+    def fetch(self, blocks: list[BlockId], tiers: list[Tier]) -> FetchResult:
+        """Brings the looked-up leading blocks into G1 (pinned until release)."""
+        result = FetchResult()
+        for b, tier in zip(blocks, tiers, strict=False):
+            if not self._bring_to_g1(b, tier):
+                result.failed = True
+                break
+            result.blocks_by_tier[tier] = result.blocks_by_tier.get(tier, 0) + 1
+            result.loaded += 1
+        return result
+
+    def put_computed(self, b: BlockId) -> None:
+        """A block prefill just produced: placed in G1, pinned."""
+        if b.key in self.tiers[G1].lru:
+            self._touch(G1, b.key)
+            self.pinned.add(b.key)
+            return
+        slot = self._allocate(G1)
+        stamp_block(self.g1.block(slot), self.template, b.key)
+        self.meta[b.key] = b
+        self._admit(G1, b, slot)
+        self.pinned.add(b.key)
+
+    def release(self) -> None:
+        """End of the request in flight: unpin; tiers that keep nothing push their blocks down now."""
+        self.pinned.clear()
+        for t in (G1, G2):
+            tier = self.tiers[t]
+            if not tier.keeps:
+                for key in list(tier.lru):
+                    self._evict(t, key)
+
+    def clear(self) -> None:
+        """Empties every tier (a cache starting empty), deleting block files."""
+        self.pinned.clear()
+        for t in ORDER:
+            for key in list(self.tiers[t].lru):
+                self._drop(t, key)
+
+    # -- moves -----------------------------------------------------------------------------------------
+
+    def _bring_to_g1(self, b: BlockId, tier: Tier) -> bool:
+        if tier is G1:
+            self._touch(G1, b.key)
+            self.pinned.add(b.key)
+            return True
+        slot = self._allocate(G1)  # first: its eviction cascade may use the staging slots
+        if tier is G2:
+            src = self.g2.block(self.tiers[G2].lru[b.key])
+            self._touch(G2, b.key)
+        else:
+            loaded = self._read_into_host(b, tier)
+            if loaded is None:
+                self.g1.free(slot)
+                return False
+            src = loaded
+        t0 = self.clock()
+        np.copyto(self.g1.block(slot), src)
+        self.observer.transfer(Transfer(G2, G1, self.block_bytes, self.clock() - t0, t0))
+        self._admit(G1, b, slot)
+        self.pinned.add(b.key)
+        return True
+
+    def _read_into_host(self, b: BlockId, tier: Tier) -> np.ndarray | None:
+        """File → host memory: into G2 (promotion) when G2 keeps blocks and has room, else into staging."""
+        g2_slot = self._try_allocate(G2) if self.tiers[G2].keeps else None
+        slot_view = self.g2.slot(g2_slot) if g2_slot is not None else self.staging.slot(1)
+        t0 = self.clock()
+        try:
+            got = self.files[tier].read(b.key, slot_view, self.block_bytes)
+        except (BlockFileError, OSError) as exc:
+            kind = exc.kind if isinstance(exc, BlockFileError) else (
+                "missing" if isinstance(exc, FileNotFoundError) else "io")
+            log.debug("%s block %016x unusable: %s", tier, b.key, exc)
+            self.observer.error(tier, kind)
+            if g2_slot is not None:
+                self.g2.free(g2_slot)
+            self._drop(tier, b.key)
+            return None
+        self.observer.transfer(Transfer(tier, G2, got, self.clock() - t0, t0))
+        self._touch(tier, b.key)
+        if g2_slot is not None:
+            self._admit(G2, b, g2_slot)
+            self.pinned.add(b.key)  # keep the promoted copy until the request is done with it
+        return slot_view[:self.block_bytes]
+
+    def _try_allocate(self, t: Tier) -> int | None:
+        try:
+            return self._allocate(t)
+        except MemoryError:
+            return None
+
+    def _allocate(self, t: Tier) -> int:
+        pool = self.g1 if t is G1 else self.g2
+        slot = pool.allocate()
+        while slot is None:
+            victim = next((k for k in self.tiers[t].lru if k not in self.pinned), None)
+            if victim is None:
+                raise MemoryError(f"{t} is full of blocks pinned by the request in flight")
+            self._evict(t, victim)
+            slot = pool.allocate()
+        return slot
+
+    def _evict(self, t: Tier, key: int) -> None:
+        """Cascade `key` from tier t to the next tier that keeps blocks (unless held there), then drop it."""
+        below = next((d for d in ORDER[ORDER.index(t) + 1:] if self.tiers[d].keeps), None)
+        if below is not None and key not in self.tiers[below].lru:
+            self._write_down(t, below, key)
+        self._drop(t, key)
+
+    def _write_down(self, src: Tier, dst: Tier, key: int) -> None:
+        b = self.meta[key]
+        if dst is G2:  # only G1 is above G2
+            slot = self._try_allocate(G2)
+            if slot is None:
+                return
+            t0 = self.clock()
+            np.copyto(self.g2.block(slot), self.g1.block(self.tiers[G1].lru[key]))
+            self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
+            self._admit(G2, b, slot)
+            return
+        self._make_room(dst)  # first: a G3 → G4 cascade reads through the staging slot used below
+        host = self._host_copy(src, key)
+        if host is None:
+            return
+        t0 = self.clock()
+        try:
+            written = self.files[dst].write(key, host, self.block_bytes, self.block_tokens)
+        except OSError as exc:
+            log.warning("%s: cannot write block %016x: %s", dst, key, exc)
+            self.observer.error(dst, "write")
+            return
+        self.observer.transfer(Transfer(G2, dst, written, self.clock() - t0, t0))
+        self._admit(dst, b, 0)
+
+    def _host_copy(self, src: Tier, key: int) -> np.ndarray | None:
+        """A padded host-memory slot holding the block, to write it to a file tier from."""
+        if key in self.tiers[G2].lru:  # G2 itself, or the inclusive copy of a G1 block
+            return self.g2.slot(self.tiers[G2].lru[key])
+        staging = self.staging.slot(0)
+        t0 = self.clock()
+        if src is G1:
+            np.copyto(staging[:self.block_bytes], self.g1.block(self.tiers[G1].lru[key]))
+            self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
+            return staging
+        try:  # G3 → G4 cascade: read it back through host memory
+            got = self.files[src].read(key, staging, self.block_bytes)
+        except (BlockFileError, OSError):
+            self.observer.error(src, "cascade_read")
+            return None
+        self.observer.transfer(Transfer(src, G2, got, self.clock() - t0, t0))
+        return staging
+
+    def _make_room(self, t: Tier) -> None:
+        tier = self.tiers[t]
+        while len(tier.lru) >= tier.spec.capacity_blocks:
+            victim = next((k for k in tier.lru if k not in self.pinned), None)
+            if victim is None:
+                raise MemoryError(f"{t} is full of pinned blocks")
+            self._evict(t, victim)
+
+    def _admit(self, t: Tier, b: BlockId, slot: int) -> None:
+        self.tiers[t].lru[b.key] = slot
+        self.meta[b.key] = b
+        self.observer.block_event(BlockEvent("stored", t, b))
+
+    def _touch(self, t: Tier, key: int) -> None:
+        self.tiers[t].lru.move_to_end(key)
+
+    def _drop(self, t: Tier, key: int) -> None:
+        slot = self.tiers[t].lru.pop(key, None)
+        if slot is None:
+            return
+        if t is G1:
+            self.g1.free(slot)
+        elif t is G2:
+            self.g2.free(slot)
+        else:
+            self.files[t].remove(key)
+        self.observer.block_event(BlockEvent("removed", t, self.meta[key]))
+        if not any(key in self.tiers[d].lru for d in ORDER):
+            del self.meta[key]
