@@ -1,0 +1,101 @@
+"""The per-request record every per-request source normalises to, and the buffer that carries it.
+
+Sources differ in what they know: a vLLM `llm_request` span has TTFT, queue and prefill time and the
+prompt length but no cached tokens; an AIPerf record has TTFT, prompt length and (with a server that
+reports it) cached tokens but no server-side phases; the reference pipeline knows everything. Every
+field a source does not know is None, never 0, so the engine can tell "measured zero" from "unknown".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+Interval = tuple[float, float]  # (start, end) in wall-clock seconds
+
+
+@dataclass(frozen=True, slots=True)
+class TierFetch:
+    """What one request read from one tier (G2..G4): tokens, and bytes/seconds where measured."""
+
+    tier: str
+    tokens: int
+    bytes: float | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    engine: str  # engine kind label (vllm, reference, ...)
+    model: str
+    dp_rank: str
+    arrival: float  # wall-clock seconds when the request arrived (span start, AIPerf request start)
+    ttft: float  # seconds
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # reused from any tier (G1 included); None = the source does not say
+    queue: float | None = None  # measured queue time
+    prefill: float | None = None  # measured prefill time (vLLM: first schedule -> first token)
+    fetches: tuple[TierFetch, ...] = ()  # reused tokens by tier below G1, where the source says
+    fetch_seconds: float | None = None  # measured total fetch time (reference pipeline)
+    # Explicit phase intervals, where the source timed them; otherwise derived from the phases above.
+    fetch_intervals: tuple[Interval, ...] = ()
+    compute_intervals: tuple[Interval, ...] = ()
+    source: str = ""  # otlp, aiperf, reference: for the JSONL output
+
+    @property
+    def new_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            return None
+        return max(0, self.prompt_tokens - self.cached_tokens)
+
+
+@dataclass
+class RecordBuffer:
+    """A bounded, thread-safe hand-over from receivers (OTLP, AIPerf) to the correlation engine.
+
+    When the engine falls behind, the oldest records are dropped and counted: a burst of spans must
+    never grow the sidecar's memory without bound.
+    """
+
+    capacity: int = 65536
+    _records: deque[RequestRecord] = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    dropped: int = field(init=False, default=0)
+    received: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self._records = deque(maxlen=self.capacity)
+
+    def put(self, records: Iterable[RequestRecord]) -> None:
+        with self._lock:
+            for record in records:
+                if len(self._records) == self.capacity:
+                    self.dropped += 1
+                self._records.append(record)
+                self.received += 1
+
+    def drain(self) -> list[RequestRecord]:
+        with self._lock:
+            out = list(self._records)
+            self._records.clear()
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+
+RECORDS_KEY = "request_records"  # CollectorContext.extras key of the shared RecordBuffer
+
+
+def shared_buffer(extras: dict[str, object], capacity: int = 65536) -> RecordBuffer:
+    """The RecordBuffer in the agent's extras, created by whichever factory asks first."""
+    buffer = extras.setdefault(RECORDS_KEY, RecordBuffer(capacity))
+    if not isinstance(buffer, RecordBuffer):
+        raise TypeError(f"extras[{RECORDS_KEY!r}] is {type(buffer).__name__}, not a RecordBuffer")
+    return buffer

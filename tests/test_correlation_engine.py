@@ -1,0 +1,212 @@
+"""The correlation engine as a collector: synthetic store windows and records in, catalogued readings out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent import contract
+from agent.catalogue import AGENT_METRICS, Catalogue
+from agent.correlation import metrics as m
+from agent.correlation.engine import SPEC, CorrelationEngine, CorrelationOptions, build
+from agent.correlation.output import JsonlWriter
+from agent.correlation.records import RECORDS_KEY, RecordBuffer, RequestRecord, TierFetch
+from agent.readings import HistogramSample, Reading, Sample
+from agent.store import Store
+from collectors.base import CollectorContext
+
+E = ("vllm", "llama", "0")
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_store() -> Store:
+    return Store(Catalogue([*AGENT_METRICS, *contract.CONTRACT_METRICS, *m.METRICS]))
+
+
+def hist(name: str, total: float, count: float) -> HistogramSample:
+    return HistogramSample(name, E, ((1.0, count), (float("inf"), count)), total, count)
+
+
+def engine_readings(ttft: float, queue: float, prefill: float, load_s: float, load_b: float,
+                    n: float, hits: float = 0.0, fs_bytes: float = 0.0) -> list[Reading]:
+    return [hist(contract.TTFT_SECONDS, ttft, n), hist(contract.QUEUE_SECONDS, queue, n),
+            hist(contract.PREFILL_SECONDS, prefill, n),
+            Sample(contract.KV_TRANSFER_SECONDS, (*E, "G2", "G1"), load_s),
+            Sample(contract.KV_TRANSFER_BYTES, (*E, "G2", "G1"), load_b),
+            Sample(contract.KV_TRANSFER_BYTES, (*E, "G1", "G2"), 5e9),  # offload: not a fetch
+            Sample(contract.KV_HIT_TOKENS, (*E, "G2"), hits)]
+
+
+def by_key(readings: list[Reading]) -> dict[tuple[str, tuple[str, ...]], Reading]:
+    return {(r.name, r.labels): r for r in readings}
+
+
+def value(readings: list[Reading], name: str, labels: tuple[str, ...]) -> float:
+    reading = by_key(readings)[(name, labels)]
+    assert isinstance(reading, Sample)
+    return reading.value
+
+
+def test_no_inputs_no_readings() -> None:
+    engine = CorrelationEngine(CorrelationOptions(), make_store(), RecordBuffer(), None, Clock())
+    assert engine.collect() == []
+    assert CorrelationEngine(CorrelationOptions(), None, None, None, Clock()).collect() == []
+
+
+def test_aggregate_windows_add_up_to_the_ttft_sum() -> None:
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(fetch_inside="queue"), store, RecordBuffer(), None, clock)
+    store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10, hits=10_000), clock.t)
+    first = engine.collect()
+    clock.t += 1
+    # second window: +6 s TTFT, +1 s queue, +6 s prefill: measured parts exceed TTFT by 1 s
+    store.ingest("vllm", engine_readings(16.0, 4.0, 11.0, 1.5, 3e9, 15, hits=15_000), clock.t)
+    second = engine.collect()
+    attributed = {lab[3:]: r.value for (name, lab), r in by_key(second).items()
+                  if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
+    assert attributed == {("queue", "derived"): pytest.approx(3.0 - 1.0 + 1.0 - 0.5),
+                          ("fetch", "measured"): pytest.approx(1.5),
+                          ("prefill", "measured"): pytest.approx(11.0),
+                          ("other", "derived"): pytest.approx(2.0)}
+    error = value(second, m.ATTRIBUTION_ERROR, (*E, "aggregate", "negative_remainder"))
+    assert error == pytest.approx(1.0)
+    assert sum(attributed.values()) == pytest.approx(16.0 + error)
+    assert value(first, m.TIER_BANDWIDTH, (*E, "G2")) == pytest.approx(2e9)
+    assert value(second, m.TIER_BANDWIDTH, (*E, "G2")) == pytest.approx(1e9 / 0.5)
+    assert value(second, m.TOKEN_BYTES, E) == pytest.approx(3e9 / 15_000)
+    # everything emitted is catalogued, with the catalogue's label count
+    result = store.ingest("correlation", second, clock.t)
+    assert result.rejected == 0 and result.accepted == len(second)
+
+
+def test_sync_engine_takes_fetch_out_of_prefill() -> None:
+    store, clock = make_store(), Clock()
+    options = CorrelationOptions(fetch_inside="queue", fetch_inside_by_engine={"vllm": "prefill"})
+    engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
+    store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10), clock.t)
+    out = engine.collect()
+    assert value(out, m.TTFT_ATTRIBUTED, (*E, "prefill", "derived")) == pytest.approx(4.0)
+    assert value(out, m.TTFT_ATTRIBUTED, (*E, "queue", "measured")) == pytest.approx(3.0)
+
+
+def record(i: int, **kw: object) -> RequestRecord:
+    base: dict[str, object] = dict(request_id=f"r{i}", engine="vllm", model="llama", dp_rank="0",
+                                   arrival=900.0 + i, ttft=1.0, source="reference")
+    base.update(kw)
+    return RequestRecord(**base)  # type: ignore[arg-type]
+
+
+def test_records_fit_the_model_and_feed_counterfactuals(tmp_path: Path) -> None:
+    a, b = 4.14e-5, 1.58e-9
+    buffer, clock = RecordBuffer(), Clock()
+    out_path = tmp_path / "requests.jsonl"
+    engine = CorrelationEngine(CorrelationOptions(fetch_inside="prefill", fit_min_samples=4, bytes_per_token=36_864),
+                               None, buffer, None, clock, JsonlWriter(str(out_path)))
+    cold = [record(i, prompt_tokens=n, cached_tokens=0, queue=0.01, prefill=a * n + b * n * n,
+                   ttft=0.02 + a * n + b * n * n) for i, n in enumerate((2000, 5000, 10_000, 20_000, 40_000))]
+    warm_prefill = 0.2 + a * 1000 + b * 1000 * (2 * 9000 + 1000)  # 0.2 s of G4 fetch inside the step
+    warm = record(9, prompt_tokens=10_000, cached_tokens=9000, queue=0.01, prefill=warm_prefill, ttft=0.35,
+                  fetches=(TierFetch("G4", 9000, 9000 * 36_864.0, 0.2),))
+    buffer.put([*cold, warm])
+    out = engine.collect()
+    assert value(out, m.COST_A, E) == pytest.approx(a, rel=1e-6)
+    assert value(out, m.COST_B, E) == pytest.approx(b, rel=1e-6)
+    assert value(out, m.FIT_SAMPLES, E) == 6  # the warm request too: its fetch was measured
+    recompute = a * 10_000 + b * 1e8
+    assert value(out, m.PREFILL_SAVED, E) == pytest.approx(recompute - warm_prefill)
+    assert value(out, m.PREFILL_LOST, E) == 0.0
+    assert value(out, m.BREAKEVEN_TOKENS, E) == 9000
+    assert value(out, m.REQUESTS_ATTRIBUTED, (*E, "reference")) == 6
+    share = by_key(out)[(m.FETCH_SHARE, E)]
+    assert isinstance(share, HistogramSample) and share.count == 6
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [line["request_id"] for line in lines] == [f"r{i}" for i in (0, 1, 2, 3, 4, 9)]
+    assert lines[-1]["components"]["fetch"] == {"seconds": 0.2, "method": "measured"}
+    assert lines[-1]["prefill_saved"] == pytest.approx(recompute - warm_prefill)
+
+
+class FakeGpus:
+    def __init__(self, samples: list[tuple[float, float, float]]) -> None:
+        self.samples = samples
+
+    def gpus(self) -> dict[str, str]:
+        return {"0": "GPU-abc"}
+
+    def recent_samples(self, gpu: str) -> list[tuple[float, float, float]]:
+        return self.samples if gpu == "0" else []
+
+
+def test_fetch_stall_counted_once_records_have_settled() -> None:
+    clock, buffer = Clock(100.0), RecordBuffer()
+    gpus = FakeGpus([(t / 2, t / 2 + 0.5, 0.0) for t in range(200, 260)])  # idle from 100 s to 130 s
+    engine = CorrelationEngine(CorrelationOptions(stall_settle_seconds=10.0), None, buffer, gpus, clock)
+    engine.collect()  # counts from now − settle on
+    buffer.put([RequestRecord("a", "vllm", "m", "0", arrival=100.0, ttft=10.0,
+                              fetch_intervals=((101.0, 106.0),), compute_intervals=((104.0, 110.0),))])
+    clock.t = 112.0  # settled up to 102: 1 s of fetch-only time (101..102)
+    first = value(engine.collect(), m.FETCH_STALL, ("0",))
+    assert first == pytest.approx(1.0)
+    clock.t = 130.0  # the rest: 102..104 fetch only; 104..106 computing too
+    assert value(engine.collect(), m.FETCH_STALL, ("0",)) == pytest.approx(3.0)
+
+
+def test_noisy_neighbour_from_store_paths() -> None:
+    store, clock = make_store(), Clock()
+    options = CorrelationOptions(paths={"G4": ['kvscope_fs_read_bytes_total{mount="/gpfs"}']},
+                                 path_capacity_bytes_per_second={"G4": 100e9})
+    path_spec = Catalogue([*AGENT_METRICS, *contract.CONTRACT_METRICS, *m.METRICS])
+    from agent.catalogue import counter
+    store = Store(Catalogue([*path_spec, counter("kvscope_fs_read_bytes_total", "bytes", ("mount", "fstype"),
+                                                 "FS reads.", "test")]))
+    engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
+    fs = kv = secs = 0.0
+
+    def window(fs_rate: float, kv_rate: float, bandwidth: float) -> list[Reading]:
+        nonlocal fs, kv, secs
+        fs, kv, secs = fs + fs_rate, kv + kv_rate, secs + kv_rate / bandwidth
+        store.ingest("fs", [Sample("kvscope_fs_read_bytes_total", ("/gpfs", "gpfs"), fs)], clock.t)
+        store.ingest("vllm", [Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G2"), kv),
+                              Sample(contract.KV_TRANSFER_SECONDS, (*E, "G4", "G2"), secs)], clock.t)
+        out = engine.collect()
+        clock.t += 1.0
+        return out
+
+    for _ in range(8):
+        quiet = window(40e9, 35e9, 10e9)
+    assert value(quiet, m.NOISY_NEIGHBOUR, ("G4",)) == 0.0
+    noisy = window(95e9, 20e9, 6e9)  # 75 GB/s of somebody else's traffic, fetch slowed to 6 GB/s
+    assert value(noisy, m.NOISY_NEIGHBOUR, ("G4",)) == 1.0
+    assert value(noisy, m.BANDWIDTH_DROP, ("G4",)) == pytest.approx(0.4)
+    assert value(noisy, m.NON_KV_SHARE, ("G4",)) == pytest.approx(1 - 20 / 95)
+    assert value(noisy, m.PATH_UTILISATION, ("G4",)) == pytest.approx(0.95)
+    assert value(window(40e9, 35e9, 10e9), m.NOISY_NEIGHBOUR, ("G4",)) == 0.0
+
+
+def test_factory_shares_the_record_buffer_and_finds_the_store() -> None:
+    store = make_store()
+    context = CollectorContext(extras={"store": store})
+    engine = build(CorrelationOptions(), context)
+    assert isinstance(context.extras[RECORDS_KEY], RecordBuffer)
+    context.extras[RECORDS_KEY].put([record(1, prompt_tokens=100, cached_tokens=0, prefill=0.1, queue=0.0)])
+    assert any(r.name == m.REQUESTS_ATTRIBUTED for r in engine.collect())
+    assert SPEC.name == "correlation" and SPEC.enabled_by_default
+
+
+def test_options_validation() -> None:
+    from agent.config import ConfigError, bind
+    with pytest.raises(ConfigError, match="fetch_inside_by_engine"):
+        bind(CorrelationOptions, {"fetch_inside_by_engine": {"vllm": "decode"}}, "collectors.correlation")
+    with pytest.raises(ConfigError, match="selector"):
+        bind(CorrelationOptions, {"paths": {"G4": ["not a selector!"]}}, "collectors.correlation")
+    ok = bind(CorrelationOptions, {"paths": {"G4": ['kvscope_rdma_receive_bytes_total{device="mlx5_0",port="1"}']}},
+              "collectors.correlation")
+    assert ok.paths["G4"][0].startswith("kvscope_rdma")
