@@ -11,8 +11,9 @@ blocks would have kept it). Computed in O(log n) per reuse and O(1) per first us
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from agent.tiers import STORAGE_TIERS, Tier
@@ -21,6 +22,9 @@ from collectors.kv_event_schema import CLEARED, REMOVED, STORED
 # Bucket upper bounds of the reuse-distance histogram: 0, then powers of two up to 2**20 blocks.
 REUSE_BOUNDS: tuple[float, ...] = (0.0, *(float(2**i) for i in range(21)))
 _INF_SLOT = len(REUSE_BOUNDS)
+_MEDIUM = attrgetter("medium")
+_LOCALITY = attrgetter("locality")
+_HASHES = attrgetter("block_hashes")
 
 
 def tier_of(medium: str | None, locality: str | None) -> Tier:
@@ -44,19 +48,22 @@ class ReuseTracker:
     Each use gets a time index t. A block's latest use is a live marker at its time; when the block is
     used again its old marker dies. The distance of a reuse at t of a block last used at p is the number
     of live markers in (p, t) = (t - p - 1) - (dead markers in (p, t)). Only dead markers are kept in a
-    Fenwick tree, so a first use costs a dict insert and a reuse two prefix sums plus one update.
+    Fenwick tree, so a first use costs one dict insert and a reuse two prefix sums plus one update.
 
-    Eviction drops the least recently used block (the oldest live marker). Every block still tracked was
-    used after it, so no query range ever contains an evicted marker and eviction needs no tree update.
-    Time indices are renumbered when they reach 2 × cap (O(cap), so O(1) amortised per use).
+    Memory: the dict is kept in last-use order (a reuse re-inserts its key at the end). When it holds
+    1.5 × cap blocks, or the time index reaches 3 × cap, it is compacted: the least recently used blocks
+    beyond `cap` are forgotten (counted in `evicted`), times are renumbered 0..n-1 and the tree is
+    emptied (no dead markers remain). That is O(cap) per ≥ cap/2 uses, O(1) amortised. A forgotten
+    block's next use counts as a first use, so distances beyond the cap are not observed.
     """
 
     def __init__(self, max_tracked: int) -> None:
-        if max_tracked < 1:
-            raise ValueError("max_tracked must be >= 1")
+        if max_tracked < 2:
+            raise ValueError("max_tracked must be >= 2")
         self._max = max_tracked
-        self._span = 2 * max_tracked
-        self._last: OrderedDict[Hashable, int] = OrderedDict()
+        self._high = max_tracked + max_tracked // 2
+        self._span = 3 * max_tracked
+        self._last: dict[Hashable, int] = {}
         self._dead = [0] * (self._span + 1)  # Fenwick tree, index = time + 1
         self._now = 0
         self.buckets = [0] * (_INF_SLOT + 1)  # per-slot (not cumulative) counts
@@ -68,51 +75,72 @@ class ReuseTracker:
         return len(self._last)
 
     def use(self, key: Hashable) -> None:
-        t = self._now
-        if t >= self._span:
-            self._renumber()
-            t = self._now
-        last = self._last
-        p = last.get(key)
-        if p is None:
-            last[key] = t
-            if len(last) > self._max:
-                last.popitem(last=False)
-                self.evicted += 1
-        else:
-            dead = self._dead
-            # dead markers in (p, t) = prefix(t - 1) - prefix(p), Fenwick indices shifted by one
-            n = 0
-            i = t
-            while i > 0:
-                n += dead[i]
-                i &= i - 1
-            i = p + 1
-            while i > 0:
-                n -= dead[i]
-                i &= i - 1
-            distance = t - p - 1 - n
-            i = p + 1
-            size = self._span
-            while i <= size:
-                dead[i] += 1
-                i += i & -i
-            last.move_to_end(key)
-            last[key] = t
-            self.sum += distance
-            slot = 0 if distance == 0 else min((distance - 1).bit_length() + 1, _INF_SLOT)
-            self.buckets[slot] += 1
-        self._now = t + 1
+        self.use_many([key])
 
-    def _renumber(self) -> None:
-        for i, key in enumerate(list(self._last)):
-            self._last[key] = i
+    def use_many(self, keys: list[Hashable]) -> None:
+        """Record uses in order. The loop is inlined: it runs once per stored block."""
+        last = self._last
+        t = self._now
+        n = len(keys)
+        if (t + n <= self._span and len(last) + n <= self._high and last.keys().isdisjoint(keys)
+                and len(set(keys)) == n):
+            # only first uses (the common case without kv_cache_report_mode=full): C-level insert
+            last.update(zip(keys, range(t, t + n), strict=True))
+            self._now = t + n
+            return
+        get = last.get
+        # compact before t reaches the span or the dict the high mark, whichever comes first
+        stop = min(self._span, t + self._high - len(last))
+        for key in keys:
+            if t >= stop:
+                self._now = t
+                self._compact()
+                last = self._last
+                get = last.get
+                t = self._now
+                stop = min(self._span, t + self._high - len(last))
+            p = get(key)
+            if p is None:
+                last[key] = t
+            else:
+                self._reuse(key, p, t)
+            t += 1
+        self._now = t
+
+    def _reuse(self, key: Hashable, p: int, t: int) -> None:
+        dead = self._dead
+        # dead markers in (p, t) = prefix(t - 1) - prefix(p), Fenwick indices shifted by one
+        n = 0
+        i = t
+        while i > 0:
+            n += dead[i]
+            i &= i - 1
+        i = p + 1
+        while i > 0:
+            n -= dead[i]
+            i &= i - 1
+        distance = t - p - 1 - n
+        i = p + 1
+        size = self._span
+        while i <= size:
+            dead[i] += 1
+            i += i & -i
+        del self._last[key]  # re-insert at the end: the dict stays in last-use order
+        self._last[key] = t
+        self.sum += distance
+        self.buckets[min((distance - 1).bit_length() + 1, _INF_SLOT) if distance else 0] += 1
+
+    def _compact(self) -> None:
+        keys = list(self._last)
+        drop = max(0, len(keys) - self._max)
+        self.evicted += drop
+        self._last = {k: i for i, k in enumerate(keys[drop:])}
         self._dead = [0] * (self._span + 1)
         self._now = len(self._last)
 
     def reset(self) -> None:
         """Forget every block (hashes of a restarted engine mean nothing); the histogram stays."""
-        self._last.clear()
+        self._last = {}
         self._dead = [0] * (self._span + 1)
         self._now = 0
 
@@ -164,25 +192,42 @@ class Residency:
             state = self._tier_cache[key] = self.tier(tier_of(medium, locality))
         return state
 
-    def apply(self, events: Iterable[Any], unknown: int = 0) -> None:
-        """Apply decoded events (kv_event_schema structs) in order. The hot loop of the subscriber."""
+    def apply(self, events: list[Any], unknown: int = 0) -> None:
+        """Apply decoded events (kv_event_schema structs) in order. The hot loop of the subscriber.
+
+        Consecutive stores to one tier are gathered and applied as one run (set update, one pass of
+        the reuse tracker); any other event, or a store to another tier, flushes the run first.
+        """
         counts = self.events
         self.unknown_events += unknown
-        state_for = self._state_for
+        if len(set(map(type, events))) == 1 and events[0].KIND == STORED:
+            mediums = set(map(_MEDIUM, events))
+            localities = set(map(_LOCALITY, events))
+            if len(mediums) == 1 and len(localities) == 1:  # the usual batch: one tier, at C speed
+                counts[STORED] += len(events)
+                state = self._state_for(mediums.pop(), localities.pop())
+                self._store(state, list(chain.from_iterable(map(_HASHES, events))))
+                return
+        cache = self._tier_cache
+        run: list[Any] = []
+        run_state: TierState | None = None
         for ev in events:
             kind = ev.KIND
             counts[kind] += 1
             if kind == STORED:
-                state = state_for(ev.medium, ev.locality)
-                resident = state.resident
-                use = state.reuse.use
-                before = len(resident)
-                for h in ev.block_hashes:
-                    resident.add(h)
-                    use(h)
-                state.stored += len(resident) - before
-            elif kind == REMOVED:
-                state = state_for(ev.medium, ev.locality)
+                state = cache.get((ev.medium, ev.locality)) or self._state_for(ev.medium, ev.locality)
+                if state is not run_state:
+                    if run_state is not None:
+                        self._store(run_state, run)
+                        run = []
+                    run_state = state
+                run += ev.block_hashes
+                continue
+            if run_state is not None:
+                self._store(run_state, run)
+                run, run_state = [], None
+            if kind == REMOVED:
+                state = self._state_for(ev.medium, ev.locality)
                 resident = state.resident
                 for h in ev.block_hashes:
                     if h in resident:
@@ -197,6 +242,16 @@ class Residency:
                 g1.removed += len(g1.resident)
                 g1.resident.clear()
                 g1.known = True
+        if run_state is not None:
+            self._store(run_state, run)
+
+    @staticmethod
+    def _store(state: TierState, hashes: list[Any]) -> None:
+        resident = state.resident
+        before = len(resident)
+        resident.update(hashes)
+        state.stored += len(resident) - before  # a store of a resident block is not a new block
+        state.reuse.use_many(hashes)
 
     def set_complete(self, complete: bool) -> None:
         """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""

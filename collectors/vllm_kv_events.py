@@ -176,13 +176,13 @@ class VllmKvEventsCollector:
         self.ready = threading.Event()  # set once every SUB socket is connected and subscribed
         self._thread: threading.Thread | None = None
         n = options.data_parallel_size
-        self._streams = [
+        self.streams = [
             _Stream(r, rank_endpoint(options.endpoint, r),
                     rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
                     options.reuse_max_tracked_blocks)
             for r in range(n)
         ]
-        for s in self._streams:
+        for s in self.streams:
             s.labels = (options.engine, options.model, str(s.rank))
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class VllmKvEventsCollector:
         poller = zmq.Poller()
         socks: dict[zmq.Socket[Any], _Stream] = {}
         try:
-            for stream in self._streams:
+            for stream in self.streams:
                 sock = self._ctx.socket(zmq.SUB)
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.RCVHWM, self._opts.rcvhwm)
@@ -333,7 +333,7 @@ class VllmKvEventsCollector:
     def collect(self) -> Iterable[Reading]:
         out: list[Reading] = []
         with self._lock:
-            for s in self._streams:
+            for s in self.streams:
                 out.extend(self._readings(s))
         return out
 

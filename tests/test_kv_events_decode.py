@@ -240,16 +240,29 @@ def test_reuse_distance_matches_brute_force_through_renumbering() -> None:
 
 
 def test_reuse_tracker_cap_evicts_oldest() -> None:
-    tracker = ReuseTracker(max_tracked=4)
-    for key in [1, 2, 3, 4, 5]:  # 1 is evicted
+    tracker = ReuseTracker(max_tracked=4)  # compacts at 1.5 x 4 = 6 blocks, keeping the newest 4
+    for key in [1, 2, 3, 4, 5, 6, 7]:  # inserting 7 compacts: 1 and 2 are forgotten
         tracker.use(key)
-    tracker.use(2)  # distance 3 (3, 4, 5)
-    tracker.use(1)  # forgotten: a first use again, evicting 3
-    assert tracker.evicted == 2 and tracker.tracked == 4
+    tracker.use(3)  # distance 4 (4, 5, 6, 7)
+    tracker.use(1)  # forgotten: a first use again
+    assert tracker.evicted == 2 and tracker.tracked == 6
     buckets, total, count = tracker.cumulative()
-    assert (total, count) == (3.0, 1.0)
+    assert (total, count) == (4.0, 1.0)
     assert dict(buckets)[2.0] == 0 and dict(buckets)[4.0] == 1
     assert buckets[0] == (0.0, 0.0) and buckets[-1][0] == float("inf")
+
+
+def test_reuse_tracker_under_eviction_sees_every_reuse_within_the_cap() -> None:
+    rng = random.Random(11)
+    seq = [rng.randrange(300) for _ in range(4000)]
+    cap = 50
+    tracker = ReuseTracker(max_tracked=cap)
+    for key in seq:
+        tracker.use(key)
+    expected = brute_distances(seq)
+    _, _, count = tracker.cumulative()
+    assert sum(d < cap for d in expected) <= count <= sum(d < cap * 3 // 2 for d in expected)
+    assert tracker.evicted > 0 and tracker.tracked <= cap * 3 // 2
 
 
 def test_reuse_distance_zero_and_buckets() -> None:
