@@ -37,6 +37,7 @@ from collectors.gpu_samples import (
     looks_like_epoch_us,
     percent_to_fraction,
     split_span,
+    unwrap,
     wrap_modulus,
 )
 
@@ -51,6 +52,9 @@ class NvmlOptions:
     recent_intervals: int = 4096  # (start, end, busy_fraction) kept per GPU for the correlation engine
     utilization: Literal["auto", "rates", "off"] = "auto"  # auto: samples, falling back to rates
     pcie: Literal["auto", "throughput", "off"] = "auto"  # auto: byte counters, falling back to throughput
+    # The PCIe byte counters are 32-bit and wrap every ~67 ms at Gen5 x16 speed: they are read on a
+    # thread this often and unwrapped there. 0 reads them only at each collection (too slow to unwrap).
+    pcie_poll_seconds: float = 0.02
     nvlink: bool = True
     processes: bool = True
     process_match: str = ""  # regex on the process's comm; "" reports every compute process
@@ -59,6 +63,8 @@ class NvmlOptions:
         for name in ("init_retry_seconds", "max_sample_gap_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.pcie_poll_seconds < 0:
+            raise ValueError(f"pcie_poll_seconds must be >= 0, got {self.pcie_poll_seconds}")
         if self.recent_intervals < 1:
             raise ValueError(f"recent_intervals must be >= 1, got {self.recent_intervals}")
         try:
@@ -91,7 +97,9 @@ class NvmlCollector:
         self._gpus: list[GpuState] | None = None
         self._next_init_at: float | None = None
         self._logged: set[Hashable] = set()
-        self._lock = threading.Lock()  # guards the `recent` deques, read by the correlation engine
+        self._lock = threading.Lock()  # guards `recent` (read by the correlation engine) and PCIe totals
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
         errors: list[type[BaseException]] = []
         if nvml is not None:
             errors.append(nvml.NVMLError)
@@ -129,10 +137,14 @@ class NvmlCollector:
                     self._poll(gpu, now, wall)
                 except _GpuLost:
                     self._mark_lost(gpu, now)
-            readings.extend(gpu_readings(gpu))
+            with self._lock:
+                readings.extend(gpu_readings(gpu))
         return readings
 
     def close(self) -> None:
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(2.0)
         if self._gpus is not None and self._nvml is not None:
             self._gpus = None
             self._shutdown()
@@ -170,6 +182,9 @@ class NvmlCollector:
             self._shutdown()
             return False
         self._gpus = gpus
+        if self._options.pcie_poll_seconds > 0 and any(g.pcie_method == "counter" for g in gpus):
+            self._sampler = threading.Thread(target=self._sample_pcie, args=(gpus,), name="nvml-pcie", daemon=True)
+            self._sampler.start()
         log.info("nvml: %d GPU(s): %s", len(gpus), ", ".join(f"{g.label}={g.uuid} {g.name}" for g in gpus))
         return True
 
@@ -252,7 +267,9 @@ class NvmlCollector:
         self._poll_utilization(gpu, now, wall)
         mem = self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle)
         gpu.memory = None if self._missing(mem) else (float(mem.used), float(mem.total))
-        self._poll_fields(gpu, now)
+        if gpu.pcie_method == "counter" and self._sampler is None:
+            self._read_pcie(gpu, now)
+        self._poll_nvlink(gpu, now)
         if gpu.pcie_method == "throughput_estimate":
             self._poll_throughput(gpu, now)
         if gpu.processes_supported:
@@ -303,32 +320,61 @@ class NvmlCollector:
             gpu.recent.extend((i.start_us / US_PER_S + offset, i.end_us / US_PER_S + offset, i.busy_fraction)
                               for i in walk.intervals)
 
-    def _poll_fields(self, gpu: GpuState, now: float) -> None:
+    def _sample_pcie(self, gpus: list[GpuState]) -> None:
+        """The PCIe counter thread: read often enough that no two wraps fall between reads."""
+        while not self._stop.wait(self._options.pcie_poll_seconds):
+            for gpu in gpus:
+                if gpu.pcie_method == "counter" and not gpu.lost:
+                    try:
+                        self._read_pcie(gpu, self._clock())
+                    except _GpuLost:
+                        continue  # the next collection finds it lost and reports it
+                    except Exception:  # never let the thread die silently: PCIe totals would freeze
+                        if ("sampler", gpu.label) not in self._logged:
+                            self._logged.add(("sampler", gpu.label))
+                            log.exception("nvml: GPU %s: reading the PCIe counters failed", gpu.label)
+
+    def _read_pcie(self, gpu: GpuState, now: float) -> None:
         nvml: Any = self._nvml
-        ids: list[Any] = []
-        if gpu.pcie_method == "counter":
-            ids += [nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
-        if gpu.nvlink:
-            ids += [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
-                    (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS)]
-        if not ids:
-            return
+        ids = [nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
         answer = self._call(gpu, "nvmlDeviceGetFieldValues", gpu.handle, ids)
         if answer is _UNSUPPORTED:
-            self._fields_unsupported(gpu, ("pcie_tx", "nvlink_tx"))
+            self._fields_unsupported(gpu, ("pcie_tx",))
         if self._missing(answer):
             return
+        for key, value, value_type in self._field_entries(gpu, answer, "pcie"):
+            with self._lock:
+                previous = gpu.pcie_raw.get(key)
+                if previous is not None:
+                    gpu.pcie_bytes[key] += unwrap(previous.bytes, value, value_type, now - previous.at)
+                gpu.pcie_raw[key] = CounterState(value, now)
+
+    def _poll_nvlink(self, gpu: GpuState, now: float) -> None:
+        if not gpu.nvlink:
+            return
+        nvml: Any = self._nvml
+        ids = [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+               (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS)]
+        answer = self._call(gpu, "nvmlDeviceGetFieldValues", gpu.handle, ids)
+        if answer is _UNSUPPORTED:
+            gpu.nvlink = False
+        if self._missing(answer):
+            return
+        for key, value, value_type in self._field_entries(gpu, answer, "nvlink"):
+            self._count(gpu, key, value * KIB, value_type, KIB, now)
+
+    def _field_entries(self, gpu: GpuState, answer: Any, kind: str) -> list[tuple[str, float, int]]:
+        """(key, raw value, value type) of the entries that succeeded; per-entry errors handled here."""
+        nvml: Any = self._nvml
         keys = {getattr(nvml, name): key for name, key in _FIELD_KEYS.items()}
-        unsupported = []
+        good, unsupported = [], []
         for entry in answer:
             key, code = keys.get(int(entry.fieldId)), int(entry.nvmlReturn)
             if key is None:
                 continue
             if code == nvml.NVML_SUCCESS:
                 value_type = int(entry.valueType)
-                raw = float(getattr(entry.value, VALUE_ATTR.get(value_type, "")))
-                self._count(gpu, key, raw * (KIB if key.startswith("nvlink") else 1), value_type,
-                            KIB if key.startswith("nvlink") else 1, now)
+                good.append((key, float(getattr(entry.value, VALUE_ATTR.get(value_type, ""))), value_type))
             elif code == nvml.NVML_ERROR_GPU_IS_LOST:
                 raise _GpuLost
             elif code in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
@@ -338,14 +384,18 @@ class NvmlCollector:
                 gpu.errors[call] = gpu.errors.get(call, 0) + 1
                 self._log_once((gpu.label, call, code), logging.WARNING,
                                "nvml: GPU %s: field %s failed with NVML error %d", gpu.label, key, code)
-        self._fields_unsupported(gpu, unsupported)
+        if unsupported:
+            self._fields_unsupported(gpu, unsupported)
+            return [] if kind == "pcie" else good
+        return good
 
     def _fields_unsupported(self, gpu: GpuState, keys: Any) -> None:
         for key in keys:
             if key.startswith("pcie") and gpu.pcie_method == "counter":
-                gpu.pcie_method = "throughput_estimate" if self._options.pcie == "auto" else "none"
-                gpu.counters.pop("pcie_tx", None)
-                gpu.counters.pop("pcie_rx", None)
+                with self._lock:
+                    gpu.pcie_method = "throughput_estimate" if self._options.pcie == "auto" else "none"
+                    gpu.pcie_raw.clear()
+                    gpu.pcie_bytes = {"pcie_tx": 0.0, "pcie_rx": 0.0}
                 self._log_once((gpu.label, "pcie"), logging.INFO, "nvml: GPU %s: no PCIe byte counters; PCIe by %s",
                                gpu.label, gpu.pcie_method)
             elif key.startswith("nvlink"):
@@ -369,8 +419,9 @@ class NvmlCollector:
             return
         if gpu.anchor_pcie is not None and 0 < now - gpu.anchor_pcie <= self._options.max_sample_gap_seconds:
             span = now - gpu.anchor_pcie
-            gpu.estimates["pcie_tx"] += float(tx) * KIB * span
-            gpu.estimates["pcie_rx"] += float(rx) * KIB * span
+            with self._lock:
+                gpu.pcie_bytes["pcie_tx"] += float(tx) * KIB * span
+                gpu.pcie_bytes["pcie_rx"] += float(rx) * KIB * span
         gpu.anchor_pcie = now
 
     def _poll_processes(self, gpu: GpuState) -> None:

@@ -105,20 +105,39 @@ def wrap_modulus(
     """The modulus to hand the store with a counter reading, or None when a decrease must be a reset.
 
     NVML says the PCIe byte counters "can be wrapped" without naming a width; the only width it
-    gives is the value's type (64-bit for ``ullVal``). A decrease is taken as a wrap only if the
-    bytes it implies (up to the top of the type's range and round again) could have moved in
-    ``elapsed_s`` at a rate no link reaches; otherwise the counter restarted (driver reload, GPU
-    reset) and the store must count the new value from zero, not add ~2^64. ``scale`` converts the
-    raw unit to bytes (1024 for the NVLink KiB counters).
+    gives is the value's type (an H200 reports them as 32-bit ``uiVal``). A 32-bit (or narrower)
+    counter that goes down has wrapped: at PCIe speed it does so every few hundred milliseconds.
+    A 64-bit counter that goes down is taken as wrapped only if the bytes that implies (up to the
+    top of its range and round again) could have moved in ``elapsed_s`` at a rate no link reaches;
+    otherwise it restarted (driver reload, GPU reset) and must count from zero, not add ~2^64.
+    ``scale`` converts the raw unit to bytes (1024 for the NVLink KiB counters).
     """
     bits = VALUE_BITS.get(value_type)
     if bits is None or previous is None or raw >= previous:
         return None
     modulus = (1 << bits) * scale
+    if bits <= 32:
+        return int(modulus)  # wraps within seconds under load: a decrease is a wrap, a restart is rare
     implied_bytes = raw + modulus - previous
     if implied_bytes <= MAX_PLAUSIBLE_BYTES_PER_SECOND * max(elapsed_s, 0.0) + scale:
         return int(modulus)
     return None
+
+
+def unwrap(previous: float | None, raw: float, value_type: int, elapsed_s: float) -> float:
+    """Bytes a counter advanced since ``previous`` (0 for the first reading), across at most one wrap.
+
+    Used where the collector must read faster than the store sees: the PCIe byte counters are 32-bit
+    (valueType 1 on an H200, driver 5xx/NVML 13, recorded by scripts/gpu_check.py) and wrap every
+    ~67 ms at PCIe Gen5 x16 speed, so several wraps between two 1 s collections would be lost.
+    A decrease that cannot be a wrap is a restart: the new value is what moved since.
+    """
+    if previous is None:
+        return 0.0
+    if raw >= previous:
+        return raw - previous
+    modulus = wrap_modulus(previous, raw, value_type, elapsed_s)
+    return raw + modulus - previous if modulus is not None else raw
 
 
 def looks_like_epoch_us(ts_us: int, wall_s: float, tolerance_s: float = 86_400.0) -> bool:
@@ -198,8 +217,9 @@ class GpuState:
     busy: float = 0.0
     idle: float = 0.0
     unsampled: float = 0.0
-    counters: dict[str, CounterState] = field(default_factory=dict)
-    estimates: dict[str, float] = field(default_factory=lambda: {"pcie_tx": 0.0, "pcie_rx": 0.0})
+    counters: dict[str, CounterState] = field(default_factory=dict)  # NVLink: raw totals for the store
+    pcie_raw: dict[str, CounterState] = field(default_factory=dict)  # last raw PCIe counter reads
+    pcie_bytes: dict[str, float] = field(default_factory=lambda: {"pcie_tx": 0.0, "pcie_rx": 0.0})
     memory: tuple[float, float] | None = None
     processes: dict[tuple[str, str], float] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
@@ -218,8 +238,8 @@ def gpu_readings(gpu: GpuState) -> list[Reading]:
                 Sample("kvscope_gpu_unsampled_seconds_total", g, gpu.unsampled)]
     for key, state in sorted(gpu.counters.items()):
         out.append(Sample(COUNTER_NAMES[key], g, state.bytes, state.modulus))
-    if gpu.pcie_method == "throughput_estimate":
-        out += [Sample(COUNTER_NAMES[key], g, value) for key, value in sorted(gpu.estimates.items())]
+    if gpu.pcie_method != "none":  # unwrapped counters or integrated throughput: totals kept here
+        out += [Sample(COUNTER_NAMES[key], g, value) for key, value in sorted(gpu.pcie_bytes.items())]
     if gpu.memory is not None:
         out += [Sample("kvscope_gpu_memory_used_bytes", g, gpu.memory[0]),
                 Sample("kvscope_gpu_memory_total_bytes", g, gpu.memory[1])]

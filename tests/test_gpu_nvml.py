@@ -44,6 +44,7 @@ def make(recording: dict[str, Any] | Any, proc_root: str = "/nonexistent", **opt
          ) -> tuple[NvmlCollector, Any, Clocks]:
     nvml = NvmlReplay(recording) if isinstance(recording, dict) else recording
     clocks = Clocks()
+    options.setdefault("pcie_poll_seconds", 0.0)  # counters read at each collect(), no thread
     collector = NvmlCollector(nvml, NvmlOptions(**options), lambda: clocks.clock, lambda: clocks.wall, proc_root)
     return collector, nvml, clocks
 
@@ -102,8 +103,9 @@ def test_a_gap_longer_than_the_limit_is_unsampled_not_busy_or_idle() -> None:
 
 
 def test_wrap_or_reset_decision() -> None:
-    # a 32-bit counter going down is a wrap
+    # a 32-bit counter going down is a wrap, however little time passed
     assert wrap_modulus(2**32 - 1000, 500, 1, 1.0) == 2**32
+    assert wrap_modulus(3000, 2000, 1, 0.0) == 2**32
     # a 64-bit counter near the top of its range wrapping within a second is a wrap ...
     assert wrap_modulus(2**64 - 1000, 500, 3, 1.0) == 2**64
     # ... but one far from the top restarted (driver reload, GPU reset): no modulus, the store resets
@@ -192,10 +194,11 @@ def test_busy_idle_from_samples_walks_last_seen_timestamp(tmp_path: Path) -> Non
 
 def test_pcie_counters_exact_with_a_reset(tmp_path: Path) -> None:
     _, _, _, store, _ = run_two_gpus(tmp_path, 3)
-    # TX 10000 -> 20000 -> 3000 (counter restarted: counts 3000 from zero); RX +4096 then +100000
-    assert store.value("kvscope_gpu_pcie_transmit_bytes_total", ("0",)) == 10_000 + 10_000 + 3_000
-    assert store.value("kvscope_gpu_pcie_receive_bytes_total", ("0",)) == 5_000_000 + 4_096 + 100_000
-    assert store.value("kvscope_counter_resets_total", ("nvml",)) == 1
+    # TX 10000 -> 20000 -> 3000 (counter restarted: counts 3000 from zero); RX +4096 then +100000.
+    # The collector unwraps these itself (they wrap faster than it collects), so totals start at 0.
+    assert store.value("kvscope_gpu_pcie_transmit_bytes_total", ("0",)) == 10_000 + 3_000
+    assert store.value("kvscope_gpu_pcie_receive_bytes_total", ("0",)) == 4_096 + 100_000
+    assert store.value("kvscope_counter_resets_total", ("nvml",)) is None
     # NVLink entries were NOT_SUPPORTED on GPU 0: not asked again, no series
     assert ("0",) not in store.values("kvscope_gpu_nvlink_transmit_bytes_total")
 
@@ -230,6 +233,29 @@ def test_mig_gpu_falls_back_and_a_lost_gpu_does_not_stop_the_others(tmp_path: Pa
     assert value(after, "kvscope_gpu_lost", "1") == 1.0
 
 
+def test_the_pcie_thread_unwraps_several_wraps_between_collections() -> None:
+    recording = load("pcie_wrap_constructed.json")
+    tx = [2**32 - 1000, 500, 800, 2**32 - 296, 100]  # wraps twice: more than one collection could see
+    key_args = [{"handle": 0}, [197, 198]]
+    recording["calls"] = [c for c in recording["calls"] if c["args"] != key_args] + [
+        {"fn": "nvmlDeviceGetFieldValues", "args": key_args, "result": [
+            {"fieldId": 197, "scopeId": 0, "timestamp": T0, "latencyUsec": 0, "valueType": 1, "nvmlReturn": 0,
+             "value": v},
+            {"fieldId": 198, "scopeId": 0, "timestamp": T0, "latencyUsec": 0, "valueType": 3, "nvmlReturn": 0,
+             "value": 7000}]} for v in tx]
+    collector, replay, _ = make(recording, pcie_poll_seconds=0.002)
+    try:
+        collector.collect()  # opens the GPU and starts the thread
+        deadline = time.monotonic() + 10
+        while sum(args == key_args for _, args in replay.calls) < len(tx) + 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        readings = collector.collect()
+    finally:
+        collector.close()
+    assert value(readings, "kvscope_gpu_pcie_transmit_bytes_total", "0") == 1500 + 300 + (2**32 - 296 - 800) + 396
+    assert value(readings, "kvscope_gpu_pcie_receive_bytes_total", "0") == 0
+
+
 def test_uint_counter_wraps_and_a_gpu_without_utilization_reports_none() -> None:
     recording = load("pcie_wrap_constructed.json")
     collector, _, clocks = make(recording)
@@ -239,8 +265,8 @@ def test_uint_counter_wraps_and_a_gpu_without_utilization_reports_none() -> None
         readings = collector.collect()
         assert store.ingest("nvml", readings, poll["wall"]).rejected == 0
     # TX (32-bit): 2^32-1000 -> 500 is a wrap of 1500 bytes, then +300; RX (64-bit): 7000 -> 9000 -> 2 is a reset
-    assert store.value("kvscope_gpu_pcie_transmit_bytes_total", ("0",)) == (2**32 - 1000) + 1500 + 300
-    assert store.value("kvscope_gpu_pcie_receive_bytes_total", ("0",)) == 7000 + 2000 + 2
+    assert store.value("kvscope_gpu_pcie_transmit_bytes_total", ("0",)) == 1500 + 300
+    assert store.value("kvscope_gpu_pcie_receive_bytes_total", ("0",)) == 2000 + 2
     info = [k for k in store.values("kvscope_gpu_info")]
     assert info == [("0", "GPU-5f1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d", "NVIDIA H200", "00000000:19:00.0", "enabled",
                      "none", "counter")]
@@ -297,7 +323,7 @@ def test_registered_enabled_and_catalogued() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"init_retry_seconds": 0.0}, {"max_sample_gap_seconds": -1.0},
-                                 {"recent_intervals": 0}, {"process_match": "("}])
+                                 {"pcie_poll_seconds": -1}, {"recent_intervals": 0}, {"process_match": "("}])
 def test_bad_options_are_rejected(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         NvmlOptions(**bad).validate("collectors.nvml")
@@ -352,7 +378,7 @@ def test_gpu_check_imports_nothing_beyond_its_four_packages() -> None:
 
 def test_gpu_check_records_in_the_fixture_format_and_judges() -> None:
     check = gpu_check()
-    poller = check.Poller(NvmlReplay(load("two_h200_constructed.json")), NvmlOptions(), 1.0, "test")
+    poller = check.Poller(NvmlReplay(load("two_h200_constructed.json")), NvmlOptions(pcie_poll_seconds=0), 1.0, "test")
     for _ in range(3):
         poller.poll()
     recording = json.loads(json.dumps(poller.recording()))
