@@ -1,0 +1,292 @@
+"""OTLP/HTTP trace receiver: vLLM's per-request `llm_request` spans become request records.
+
+vLLM exports one span per finished request (shared/facts/vllm.md §3) with `--otlp-traces-endpoint`
+and `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`; point it at this receiver
+(`http://<agent>:4318/v1/traces`). Each `llm_request` span gives TTFT, queue time, prefill time and
+the prompt length; the records go to the shared RecordBuffer the correlation engine drains. vLLM's span
+carries no cached-token or KV-tier attribute, so two attributes of kvscope's own are read where a
+source sets them (the reference pipeline does): `kvscope.kv.cached_tokens` and `kvscope.kv.fetch_seconds`.
+
+Decoding is a pure function of the body (`decode_export`); the HTTP side only enforces limits:
+a body over `max_body_bytes` (also after gzip/deflate decompression) is refused with 413, an unknown
+content type with 415, an undecodable body with 400 — each counted, none can stop the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from agent.catalogue import counter
+from agent.config import parse_listen
+from agent.correlation.records import RecordBuffer, RequestRecord, shared_buffer
+from agent.readings import Reading, Sample
+from collectors.base import CollectorContext, CollectorSpec
+
+log = logging.getLogger("kvscope.collectors.otlp_traces")
+
+SPAN_NAME = "llm_request"
+TTFT = "gen_ai.latency.time_to_first_token"
+QUEUE = "gen_ai.latency.time_in_queue"
+PREFILL = "gen_ai.latency.time_in_model_prefill"
+PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+REQUEST_ID = "gen_ai.request.id"
+MODEL_ATTRS = ("gen_ai.response.model", "gen_ai.request.model")  # not set by vLLM 0.33; used when present
+CACHED_TOKENS = "kvscope.kv.cached_tokens"
+FETCH_SECONDS = "kvscope.kv.fetch_seconds"
+
+PROTOBUF, JSON = "application/x-protobuf", "application/json"
+
+EXPORTS = "kvscope_otlp_export_requests_total"
+SPANS = "kvscope_otlp_spans_total"
+RECEIVED = "kvscope_otlp_received_bytes_total"
+
+METRICS = (
+    counter(EXPORTS, "requests", ("result",),
+            "OTLP/HTTP export requests to /v1/traces by result: ok, bad_body, too_large, unsupported_type, "
+            "not_found.", "otlp_traces receiver"),
+    counter(SPANS, "", ("result",),
+            "Spans received by result: accepted (an llm_request span became a record), rejected (an "
+            "llm_request span with missing or invalid latency attributes), ignored (other spans).",
+            "otlp_traces receiver"),
+    counter(RECEIVED, "bytes", (), "Request body bytes received on /v1/traces (as sent, before decompression).",
+            "otlp_traces receiver"),
+)
+
+
+@dataclass
+class OtlpTracesOptions:
+    listen: str = "0.0.0.0:4318"  # the OTLP/HTTP default port
+    max_body_bytes: int = 8 * 1024 * 1024  # per export request, compressed and decompressed
+    engine: str = "vllm"  # the `engine` label of the records
+    model: str = ""  # the `model` label when the span does not name one (vLLM 0.33 does not)
+    dp_rank: str = "0"
+
+    def validate(self, path: str) -> None:
+        parse_listen(f"{path}.listen", self.listen)
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    engine: str = "vllm"
+    model: str = ""
+    dp_rank: str = "0"
+
+
+@dataclass(slots=True)
+class Decoded:
+    records: list[RequestRecord] = field(default_factory=list)
+    rejected: int = 0
+    ignored: int = 0
+
+
+def _value(any_value: Any) -> Any:
+    kind = any_value.WhichOneof("value")
+    return None if kind is None else getattr(any_value, kind)
+
+
+def _number(attrs: dict[str, Any], key: str) -> float | None:
+    value = attrs.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def span_record(span: Any, labels: Labels) -> RequestRecord | None:
+    """An `llm_request` span as a record; None when TTFT is missing or a latency is invalid."""
+    attrs = {kv.key: _value(kv.value) for kv in span.attributes}
+    ttft = _number(attrs, TTFT)
+    if ttft is None:
+        return None
+    durations = {key: _number(attrs, key) for key in (QUEUE, PREFILL, FETCH_SECONDS)}
+    if any(key in attrs and durations[key] is None for key in durations):
+        return None
+    prompt, cached = _number(attrs, PROMPT_TOKENS), _number(attrs, CACHED_TOKENS)
+    model = next((str(attrs[k]) for k in MODEL_ATTRS if isinstance(attrs.get(k), str) and attrs[k]), labels.model)
+    request_id = attrs.get(REQUEST_ID)
+    return RequestRecord(
+        request_id=str(request_id) if request_id else span.span_id.hex(),
+        engine=labels.engine, model=model, dp_rank=labels.dp_rank,
+        arrival=span.start_time_unix_nano / 1e9, ttft=ttft,
+        prompt_tokens=None if prompt is None else int(prompt),
+        cached_tokens=None if cached is None else int(cached),
+        queue=durations[QUEUE], prefill=durations[PREFILL], fetch_seconds=durations[FETCH_SECONDS],
+        source="otlp",
+    )
+
+
+def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
+    """Decode an ExportTraceServiceRequest (protobuf or OTLP JSON). Raises ValueError on a bad body."""
+    request = ExportTraceServiceRequest()
+    try:
+        if content_type == PROTOBUF:
+            request.ParseFromString(body)
+        elif content_type == JSON:
+            json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+        else:
+            raise ValueError(f"unsupported content type {content_type!r}")
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError) as exc:
+        raise ValueError(f"undecodable body: {exc}") from None
+    out = Decoded()
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if span.name != SPAN_NAME:
+                    out.ignored += 1
+                    continue
+                record = span_record(span, labels)
+                if record is None:
+                    out.rejected += 1
+                else:
+                    out.records.append(record)
+    return out
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """gzip/deflate with a ceiling on the output, so a small compressed body cannot blow up memory."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ValueError(f"unsupported content encoding {encoding!r}")
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"bad {encoding} body: {exc}") from None
+    if len(data) > limit:
+        raise OverflowError
+    return data
+
+
+class OtlpTracesReceiver:
+    def __init__(self, options: OtlpTracesOptions, records: RecordBuffer) -> None:
+        self._options = options
+        self._records = records
+        self._labels = Labels(options.engine, options.model, options.dp_rank)
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._logged: set[str] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        host, _, port_text = self._options.listen.rpartition(":")  # validated by the options; port 0 in tests
+        host, port = host.strip("[]") or "0.0.0.0", int(port_text)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                status, body, ctype = receiver.handle(self.path, dict(self.headers.items()), self.rfile)
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # access logs would be one line per export; outcomes are counted instead
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-traces", daemon=True)
+        self._thread.start()
+
+    def handle(self, path: str, headers: dict[str, str], stream: Any) -> tuple[int, bytes, str]:
+        """One POST: (status, response body, content type). Never raises."""
+        headers = {k.lower(): v for k, v in headers.items()}
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if path.split("?")[0] != "/v1/traces":
+            return self._refuse("not_found", 404, "only /v1/traces is served")
+        try:
+            length = int(headers.get("content-length", "-1"))
+        except ValueError:
+            length = -1
+        if length < 0:
+            return self._refuse("bad_body", 411, "Content-Length is required")
+        if length > self._options.max_body_bytes:
+            return self._refuse("too_large", 413, f"body over {self._options.max_body_bytes} bytes")
+        body = stream.read(length)
+        self._add((RECEIVED, ()), len(body))
+        if ctype not in (PROTOBUF, JSON):
+            return self._refuse("unsupported_type", 415, f"content type {ctype!r}: use {PROTOBUF} or {JSON}")
+        try:
+            data = decompress(body, headers.get("content-encoding", ""), self._options.max_body_bytes)
+            decoded = decode_export(data, ctype, self._labels)
+        except OverflowError:
+            return self._refuse("too_large", 413, "decompressed body over the limit")
+        except ValueError as exc:
+            return self._refuse("bad_body", 400, str(exc))
+        self._records.put(decoded.records)
+        self._add((EXPORTS, ("ok",)), 1)
+        self._add((SPANS, ("accepted",)), len(decoded.records))
+        self._add((SPANS, ("rejected",)), decoded.rejected)
+        self._add((SPANS, ("ignored",)), decoded.ignored)
+        response = ExportTraceServiceResponse()
+        if decoded.rejected:
+            response.partial_success.rejected_spans = decoded.rejected
+            response.partial_success.error_message = f"{decoded.rejected} llm_request spans lacked valid latencies"
+            self._log_once("rejected", "otlp_traces: llm_request spans without valid gen_ai.latency.* "
+                                       "attributes are rejected (counted in kvscope_otlp_spans_total)")
+        if ctype == JSON:
+            return 200, json_format.MessageToJson(response).encode(), JSON
+        return 200, response.SerializeToString(), PROTOBUF
+
+    def _refuse(self, result: str, status: int, message: str) -> tuple[int, bytes, str]:
+        self._add((EXPORTS, (result,)), 1)
+        self._log_once(result, f"otlp_traces: refusing an export ({status}): {message}")
+        return status, message.encode(), "text/plain; charset=utf-8"
+
+    def _add(self, key: tuple[str, tuple[str, ...]], by: float) -> None:
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0.0) + by
+
+    def _log_once(self, kind: str, message: str) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s (logged once)", message)
+
+    def collect(self) -> Iterable[Reading]:
+        with self._lock:
+            return [Sample(name, labels, value) for (name, labels), value in self._counts.items()]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def build(options: OtlpTracesOptions, context: CollectorContext) -> OtlpTracesReceiver:
+    return OtlpTracesReceiver(options, shared_buffer(context.extras))
+
+
+SPEC = CollectorSpec(
+    name="otlp_traces",
+    description="OTLP/HTTP receiver on :4318 /v1/traces: vLLM llm_request spans -> per-request TTFT records",
+    options=OtlpTracesOptions,
+    factory=build,
+    metrics=METRICS,
+    enabled_by_default=False,
+)
