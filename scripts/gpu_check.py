@@ -229,7 +229,8 @@ def report(title: str, fig: dict[str, Any], problems: list[str]) -> str:
 
 def driver_facts(recording: dict[str, Any], gpu: str) -> dict[str, Any]:
     """What the raw answers say: timestamp base and lag, counter width, process pids."""
-    facts: dict[str, Any] = {"max_pcie_counter": None, "sample_ts_minus_wall_s": None, "pids": []}
+    facts: dict[str, Any] = {"max_pcie_counter": None, "sample_ts_minus_wall_s": None, "pids": [],
+                             "pcie_value_types": [], "pcie_reads": 0}
     polls = recording["polls"]
     lags = []
     for call in recording["calls"]:
@@ -243,6 +244,8 @@ def driver_facts(recording: dict[str, Any], gpu: str) -> dict[str, Any]:
             for entry in call["result"]:
                 if entry["fieldId"] in (197, 198) and entry["value"] is not None:
                     facts["max_pcie_counter"] = max(facts["max_pcie_counter"] or 0, entry["value"])
+                    facts["pcie_value_types"] = sorted({*facts["pcie_value_types"], entry["valueType"]})
+                    facts["pcie_reads"] += entry["fieldId"] == 197
         if call["fn"] == "nvmlDeviceGetComputeRunningProcesses" and "result" in call:
             facts["pids"] = sorted({p["pid"] for p in call["result"]} | set(facts["pids"]))
     return facts
@@ -252,7 +255,8 @@ def facts_line(facts: dict[str, Any], own_pid: int) -> str:
     largest = facts["max_pcie_counter"]
     listed = "listed" if own_pid in facts["pids"] else "NOT listed (pid namespace?)"
     return (f"  driver: newest sample timestamp - wall clock at poll {facts['sample_ts_minus_wall_s']} s; "
-            f"largest PCIe counter {largest} (> 2^32: {(largest or 0) > 2**32}); "
+            f"PCIe counters: {facts['pcie_reads']} reads, value types {facts['pcie_value_types']}, largest {largest} "
+            f"(> 2^32: {(largest or 0) > 2**32}); "
             f"compute pids {facts['pids']}, this process {own_pid} {listed}")
 
 
@@ -302,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     origin = (f"scripts/gpu_check.py {time.strftime('%Y-%m-%d')}: {torch.cuda.get_device_name(device)}, driver "
               f"{pynvml.nvmlSystemGetDriverVersion()}, nvidia-ml-py {getattr(pynvml, '__version__', '?')}, torch "
               f"{torch.__version__}; load {args.on:g} s on / {args.off:g} s off on NVML GPU {gpu}")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
+    reads = 200
+    t = time.perf_counter()
+    for _ in range(reads):
+        pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                                                 pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
+    field_read_us = (time.perf_counter() - t) / reads * 1e6
+    print(f"one PCIe counter read (nvmlDeviceGetFieldValues, 2 fields): {field_read_us:.1f} µs")
     torch.mm(torch.ones(64, 64, device=device), torch.ones(64, 64, device=device))  # CUDA context, kernels loaded
     torch.cuda.synchronize(device)
     time.sleep(1.0)
@@ -322,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.time() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"origin": origin, "own_pid": os.getpid(), "collectors": {}}
+    summary: dict[str, Any] = {"origin": origin, "own_pid": os.getpid(), "field_read_us": field_read_us,
+                               "collectors": {}}
     failed = False
     for (title, p), name in zip(pollers.items(), ("nvml_auto", "nvml_fallback"), strict=True):
         fig = analyse(p, gpu, load, before[title], elapsed)
