@@ -75,6 +75,8 @@ class StoreObserver(Protocol):
 @dataclass
 class FetchResult:
     blocks_by_tier: dict[Tier, int] = field(default_factory=dict)
+    seconds_by_tier: dict[Tier, float] = field(default_factory=dict)  # wall time bringing them to G1
+    bytes_by_tier: dict[Tier, int] = field(default_factory=dict)  # bytes moved off that tier
     loaded: int = 0  # leading blocks now in G1
     failed: bool = False  # a block could not be read; the rest of the prefix is recomputed
 
@@ -153,10 +155,12 @@ class TieredStore:
         """Brings the looked-up leading blocks into G1 (pinned until release)."""
         result = FetchResult()
         for b, tier in zip(blocks, tiers, strict=False):
-            if not self._bring_to_g1(b, tier):
+            moved = self._bring_to_g1(b, tier, result)
+            if moved is None:
                 result.failed = True
                 break
             result.blocks_by_tier[tier] = result.blocks_by_tier.get(tier, 0) + 1
+            result.bytes_by_tier[tier] = result.bytes_by_tier.get(tier, 0) + moved
             result.loaded += 1
         return result
 
@@ -190,12 +194,16 @@ class TieredStore:
 
     # -- moves -----------------------------------------------------------------------------------------
 
-    def _bring_to_g1(self, b: BlockId, tier: Tier) -> bool:
+    def _bring_to_g1(self, b: BlockId, tier: Tier, result: FetchResult) -> int | None:
+        """Bytes moved off `tier` for block b, or None if it could not be read. Times the move into result
+        (not the G1 eviction that makes room for it: that is cascade work, not this fetch)."""
         if tier is G1:
             self._touch(G1, b.key)
             self.pinned.add(b.key)
-            return True
+            return 0
         slot = self._allocate(G1)  # first: its eviction cascade may use the staging slots
+        start = self.clock()
+        moved = self.block_bytes
         if tier is G2:
             src = self.g2.block(self.tiers[G2].lru[b.key])
             self._touch(G2, b.key)
@@ -203,16 +211,18 @@ class TieredStore:
             loaded = self._read_into_host(b, tier)
             if loaded is None:
                 self.g1.free(slot)
-                return False
-            src = loaded
+                return None
+            src, moved = loaded
         t0 = self.clock()
         np.copyto(self.g1.block(slot), src)
-        self.observer.transfer(Transfer(G2, G1, self.block_bytes, self.clock() - t0, t0))
+        end = self.clock()
+        self.observer.transfer(Transfer(G2, G1, self.block_bytes, end - t0, t0))
         self._admit(G1, b, slot)
         self.pinned.add(b.key)
-        return True
+        result.seconds_by_tier[tier] = result.seconds_by_tier.get(tier, 0.0) + end - start
+        return moved
 
-    def _read_into_host(self, b: BlockId, tier: Tier) -> np.ndarray | None:
+    def _read_into_host(self, b: BlockId, tier: Tier) -> tuple[np.ndarray, int] | None:
         """File → host memory: into G2 (promotion) when G2 keeps blocks and has room, else into staging."""
         g2_slot = self._try_allocate(G2) if self.tiers[G2].keeps else None
         slot_view = self.g2.slot(g2_slot) if g2_slot is not None else self.staging.slot(1)
@@ -233,7 +243,7 @@ class TieredStore:
         if g2_slot is not None:
             self._admit(G2, b, g2_slot)
             self.pinned.add(b.key)  # keep the promoted copy until the request is done with it
-        return slot_view[:self.block_bytes]
+        return slot_view[:self.block_bytes], got
 
     def _try_allocate(self, t: Tier) -> int | None:
         try:
