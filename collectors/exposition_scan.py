@@ -1,0 +1,263 @@
+"""A fast scanner of the Prometheus text format (0.0.4) as prometheus_client writes it.
+
+It reads only the sample lines whose name starts with one of the given prefixes (`vllm:` for the
+vLLM collector) and, optionally, only the exact sample names asked for; comments, blank lines and
+every other family (`http_*`, `process_*`, ...) cost one `startswith` each. `_created` samples are
+dropped (they are creation timestamps, not values). Pure: text in, samples out, no I/O.
+
+Why not prometheus_client's parser: on a 2-engine vLLM page (~1,200 lines) it takes ~25-40 ms per
+parse on the build VM (perf-baselines §2a), i.e. 3-4 % of a core at one scrape per second, mostly
+spent on families we never read. bench/bench_vllm_parse.py measures both on the same page.
+
+Format points handled (the spec and prometheus_client's writer):
+- `name value [timestamp]` and `name{l="v",...} value [timestamp]`, tokens separated by spaces or
+  tabs, `\\r\\n` line ends tolerated, an optional trailing comma inside the braces;
+- labels in any order; values with the escapes `\\\\`, `\\"` and `\\n` (any other escape, an
+  unescaped quote, a duplicate or invalid label name makes the line malformed);
+- values as Python floats read them, including exponent forms, `+Inf`, `-Inf` and `NaN`
+  (digit-group underscores, which Python would accept, are rejected as the format has none);
+- a text that does not end in a newline was cut off: its last line is dropped and reported.
+
+Malformed lines are counted, the first one is described (for a log line), and the scan goes on.
+Label sets are parsed once per distinct label text and kept in a bounded per-scanner cache: a
+scraped page repeats its label texts from one scrape to the next, so steady-state scans only look
+them up. The returned label mappings are shared with that cache and must not be modified.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+Labels = Mapping[str, str]
+SampleList = list[tuple[Labels, float]]
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+_NO_LABELS: Labels = {}
+_BAD = object()  # cache marker for a label text that does not parse
+_SKIP = "\x00skip"  # decision for a sample name we do not read (a distinct, non-empty marker)
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """Samples by exposed sample name (e.g. `vllm:prefix_cache_hits_total`, `..._bucket`)."""
+
+    samples: dict[str, SampleList] = field(default_factory=dict)
+    malformed: int = 0  # sample lines of a selected family that could not be read
+    truncated: bool = False  # the text did not end in a newline; its last line was dropped
+    first_problem: str = ""  # the first malformed line, described for a log message
+
+
+def _parse_labels_slow(body: str) -> dict[str, str] | None:
+    """Character scanner for label texts with escapes or unusual spacing; None if malformed."""
+    labels: dict[str, str] = {}
+    i, n = 0, len(body)
+    while True:
+        while i < n and body[i] in " \t":
+            i += 1
+        if i == n:
+            return labels
+        eq = body.find("=", i)
+        if eq < 0:
+            return None
+        name = body[i:eq].strip(" \t")
+        i = eq + 1
+        while i < n and body[i] in " \t":
+            i += 1
+        if i == n or body[i] != '"' or not _LABEL_NAME.fullmatch(name) or name in labels:
+            return None
+        i += 1
+        chars: list[str] = []
+        while True:
+            if i >= n:
+                return None  # unterminated value
+            c = body[i]
+            if c == '"':
+                break
+            if c == "\\":
+                if i + 1 >= n or body[i + 1] not in _ESCAPES:
+                    return None
+                chars.append(_ESCAPES[body[i + 1]])
+                i += 2
+                continue
+            chars.append(c)
+            i += 1
+        labels[name] = "".join(chars)
+        i += 1
+        while i < n and body[i] in " \t":
+            i += 1
+        if i == n:
+            return labels
+        if body[i] != ",":
+            return None
+        i += 1
+
+
+def parse_labels(body: str) -> dict[str, str] | None:
+    """The labels between `{` and `}`; None when malformed.
+
+    Fast path: without a backslash every `"` is a delimiter, so splitting on `",` is exact; the
+    quote count proves it (two per label). Anything else goes to the character scanner.
+    """
+    if not body:
+        return {}
+    if "\\" in body or " " in body or "\t" in body:
+        return _parse_labels_slow(body)
+    if body[-1] == ",":
+        body = body[:-1]
+    parts = body.split('",')
+    if body[-1:] != '"' or body.count('"') != 2 * len(parts):
+        return _parse_labels_slow(body)
+    parts[-1] = parts[-1][:-1]
+    labels: dict[str, str] = {}
+    for part in parts:
+        name, sep, value = part.partition('="')
+        if not sep or not _LABEL_NAME.fullmatch(name) or name in labels:
+            return None
+        labels[name] = value
+    return labels
+
+
+def _value(text: str) -> float:
+    if "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
+class ExpositionScanner:
+    """Scans pages for the sample lines of selected families; one instance per scraped target."""
+
+    def __init__(
+        self,
+        prefixes: Iterable[str],
+        names: Iterable[str] | None = None,
+        cache_size: int = 50_000,
+    ) -> None:
+        self._prefixes = tuple(prefixes)
+        if not self._prefixes:
+            raise ValueError("at least one name prefix is required")
+        self._names = None if names is None else frozenset(names)
+        self._cache_size = cache_size
+        self._labels: dict[str, object] = {}  # label text -> parsed labels, or _BAD
+        self._decisions: dict[str, str] = {}  # line prefix "name{" -> name, _SKIP or "" (invalid)
+
+    def _labels_of(self, body: str) -> object:
+        cached = self._labels.get(body)
+        if cached is None:
+            if len(self._labels) >= self._cache_size:
+                self._labels.clear()  # a page that changes all its labels every scrape: start over
+            parsed = parse_labels(body)
+            cached = self._labels[body] = _BAD if parsed is None else parsed
+        return cached
+
+    def scan(self, text: str) -> ScanResult:
+        result = ScanResult()
+        lines = text.split("\n")
+        tail = lines.pop()  # "" when the text ends in a newline, else a line that was cut off
+        if tail:
+            result.truncated = True
+            if tail.startswith(self._prefixes):
+                self._problem(result, tail, "cut off (no final newline)", len(lines) + 1)
+        prefixes, label_cache = self._prefixes, self._labels
+        # The lines of one sample name come together, so the name is looked at only when the line
+        # stops starting with the previous "name{" (or "name "): a line of a family we skip costs
+        # two startswith calls, a line we keep one rpartition, one dict lookup and one float().
+        current = "\n"  # matches no line
+        skip = True
+        bucket: SampleList = []
+        for line in lines:
+            if not line.startswith(prefixes):
+                continue
+            if not line.startswith(current):
+                current, bucket, skip = self._switch(result, line)
+            if skip:
+                continue
+            if current[-1] == "{":
+                head, _, rest = line.rpartition("} ")
+                body = head[len(current) :]
+                labels = label_cache.get(body)
+                if labels is None:
+                    labels = self._labels_of(body)
+            else:
+                rest = line[len(current) :]
+                labels = _NO_LABELS
+            try:
+                if labels is _BAD or "_" in rest:
+                    raise ValueError(rest)
+                value = float(rest)
+            except ValueError:
+                careful = self._careful(line, current)
+                if careful is None:
+                    self._problem(result, line, "expected NAME[{LABELS}] VALUE [TIMESTAMP]")
+                    continue
+                labels, value = careful
+            bucket.append((labels, value))  # type: ignore[arg-type]  # a parsed dict here
+        return result
+
+    def _careful(self, line: str, current: str) -> tuple[object, float] | None:
+        """The slow, exact reading of a line the fast path could not take (tabs, timestamps, junk)."""
+        if current[-1] == "{":
+            close = line.rfind("}")
+            if close < len(current):
+                return None
+            labels = self._labels_of(line[len(current) : close])
+            if labels is _BAD:
+                return None
+            rest = line[close + 1 :]
+        else:
+            labels, rest = _NO_LABELS, line[len(current) - 1 :]
+        tokens = rest.split()
+        if not 1 <= len(tokens) <= 2 or not rest[:1].isspace():
+            return None
+        try:
+            value = _value(tokens[0])
+            if len(tokens) == 2:
+                int(tokens[1])  # a timestamp in ms: valid, unused (we scrape live values)
+        except ValueError:
+            return None
+        return labels, value
+
+    def _switch(self, result: ScanResult, line: str) -> tuple[str, SampleList, bool]:
+        """A new sample name starts: its line prefix, where its samples go, and whether to skip it."""
+        brace = line.find("{")
+        if brace > 0 and line[brace - 1] not in " \t":
+            current = line[: brace + 1]  # the common "name{" (checked: no blank before the brace)
+        else:
+            end = len(line)
+            for sep in " \t":
+                i = line.find(sep)
+                if 0 <= i < end:
+                    end = i
+            current = line[: end + 1]  # "name " or "name\t", or "name {" below
+            if brace >= 0 and not line[end:brace].strip(" \t"):
+                current = line[: brace + 1]
+        name = self._decisions.get(current)
+        if name is None:
+            if len(self._decisions) >= self._cache_size:
+                self._decisions.clear()
+            name = self._decisions[current] = self._decide(current[:-1].rstrip(" \t"))
+        if name is _SKIP or not name:
+            if not name:
+                self._problem(result, line, "invalid metric name")
+            return current, [], True
+        bucket = result.samples.get(name)
+        if bucket is None:
+            bucket = result.samples[name] = []
+        return current, bucket, False
+
+    def _decide(self, name: str) -> str:
+        """`name` if its samples are wanted, _SKIP if not, "" if it is not a valid metric name."""
+        if (self._names is not None and name not in self._names) or name.endswith("_created"):
+            return _SKIP
+        return name if _NAME.fullmatch(name) else ""
+
+    @staticmethod
+    def _problem(result: ScanResult, line: str, why: str, number: int = 0) -> None:
+        result.malformed += 1
+        if not result.first_problem:
+            shown = line if len(line) <= 160 else line[:157] + "..."
+            where = f"line {number}: " if number else ""
+            result.first_problem = f"{where}{why}: {shown!r}"

@@ -1,0 +1,284 @@
+"""vLLM's Prometheus /metrics, scraped and normalised to the engine contract (agent/contract.py).
+
+Facts: shared/facts/vllm.md §1 (0.33 names, 0.20 deprecated names, 0.11 aliases) and its appendix
+(0.14.1). Labels: vLLM's `engine` (the data-parallel index) → `dp_rank`, `model_name` → `model`, and
+our `engine` is the configured engine kind (default "vllm"; the reference engine speaks the same
+dialect and is scraped with the same code under its own kind).
+
+How hits per tier are derived, without counting a token twice:
+- `vllm:prefix_cache_queries` counts every prompt token looked up in the GPU prefix cache, which is
+  where every lookup starts → `kvscope_kv_lookup_tokens_total`. `external_prefix_cache_queries` is
+  the subset G1 missed, asked of the connector: not added again.
+- 0.32+: `vllm:prompt_tokens_cached_by_source{source}` splits all hits by the tier that supplied them
+  and sums to `prefix_cache_hits + external_prefix_cache_hits`; `source="device"` *is* the G1 hit
+  count. So when an engine shows any `cached_by_source` sample, hits per tier come from it alone,
+  through the source→tier table (device G1, host G2, disk G3, p2p and external_unspecified
+  unattributed); adding `prefix_cache_hits` as well would count G1 twice. The choice is made for the
+  whole hit family at once, per engine (not per tier), because a source that has not been hit yet
+  may have no sample while `external_prefix_cache_hits` already holds its tokens.
+- Older engines (0.14.1, 0.20): G1 hits = `prefix_cache_hits` (alias `gpu_prefix_cache_hits` in
+  0.11), and `external_prefix_cache_hits` goes through the table as `external_unspecified`
+  (unattributed by default): the connector says nothing about which tier served it.
+- Computed (recomputed) tokens: `vllm:prompt_tokens_by_source{source="local_compute"}`; the other two
+  sources are hits already counted above. Without it (≤0.30) the `_sum` of the histogram
+  `vllm:request_prefill_kv_computed_tokens` (prompt − cached tokens per finished request) is used: a
+  true counter too, but it lags: it is counted when a request finishes.
+
+Transfers (bytes and seconds, per link):
+- `vllm:kv_offload_load_*` → G2→G1, `kv_offload_store_*` → G1→G2 (the offload target of the
+  OffloadingConnector is host memory; with TieringOffloadingSpec it is the CPU primary tier).
+- Deprecated `vllm:kv_offload_total_*{transfer_type=CPU_to_GPU|GPU_to_CPU}` (the only names in 0.20,
+  still emitted beside the new ones in 0.33) count the same transfers: used for a link only when
+  the new name has no sample for that engine and link.
+- Tiering `vllm:kv_offload_tiering_{read,write}_*{tier}`, tier label → tier by a table (`0:primary`
+  G2, `1:fs` G3, `2:fs` G4, `*:obj` G4, else unattributed): a read of tier T moves T→G2 (promotion
+  into the primary), a write G2→T (cascade). The primary itself is G2: its reads can only feed G1
+  and its writes can only come from G1, which are the transfers `kv_offload_load/store` already
+  count; so they give G2→G1 / G1→G2 only for an engine that has neither new nor deprecated names.
+- Several vLLM series that land on one kvscope series (p2p + external_unspecified → unattributed;
+  two tiers mapped to G4) are summed; all of them come from one process, so they reset together.
+
+Also: TTFT, queue and prefill histograms with vLLM's bucket edges; running/waiting requests;
+`vllm:prompt_tokens` → `kvscope_prompt_tokens_total`; `vllm:request_success{finished_reason}` →
+`kvscope_requests_finished_total{reason}`; `vllm:kv_cache_usage_perc` (alias `gpu_cache_usage_perc`)
+→ `kvscope_kv_cache_usage_ratio` (blocks pinned by running requests, *not* residency, so it is not
+`kvscope_tier_used_bytes`); capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size
+→ G1 tokens) and `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
+
+Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
+A target that fails (connect, timeout, HTTP status, larger than `max_response_bytes`, a body cut
+off mid-line) contributes no readings this cycle and shows `kvscope_scrape_target_up 0`; the other
+targets are unaffected, and so is the collector's own `kvscope_collector_up`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent import __version__
+from agent.catalogue import counter, gauge
+from agent.contract import ENGINE_LABELS
+from agent.readings import Reading, Sample
+from agent.tiers import Tier, parse_tier
+from collectors.base import CollectorContext, CollectorSpec
+from collectors.exposition_scan import ExpositionScanner
+from collectors.vllm_map import (
+    DEFAULT_SOURCE_TIERS,
+    DEFAULT_TIERING_TIERS,
+    REQUESTS_FINISHED,
+    USAGE_RATIO,
+    Normaliser,
+    wanted_samples,
+)
+
+log = logging.getLogger("kvscope.collectors.vllm")
+
+NAME = "vllm"
+MIB = 1 << 20
+ERROR_KINDS = ("connect", "timeout", "http_status", "too_large", "truncated", "protocol", "duplicate_series")
+_T = ("collector", "target")
+
+METRICS = (
+    gauge("kvscope_scrape_target_up", "", _T,
+          "1 when the target's last scrape succeeded, 0 when it failed (see kvscope_scrape_errors_total).",
+          "HTTP scrape"),
+    counter("kvscope_scrape_errors_total", "", (*_T, "kind"),
+            "Failed scrapes by kind: connect, timeout, http_status, too_large, truncated, protocol; "
+            "duplicate_series counts scrapes whose series another target already reported.", "HTTP scrape"),
+    counter("kvscope_scrape_malformed_lines_total", "", _T,
+            "Sample lines of read families that could not be parsed, and samples the contract cannot take "
+            "(NaN counters, inconsistent histograms); skipped.", "HTTP scrape"),
+    gauge("kvscope_scrape_response_bytes", "bytes", _T, "Size of the target's last response body.", "HTTP scrape"),
+    gauge(USAGE_RATIO, "ratio", ENGINE_LABELS,
+          "Fraction of G1 KV blocks held by running requests (vLLM kv_cache_usage_perc); evictable cached "
+          "blocks count as free, so this is not residency.", "vllm /metrics"),
+    counter(REQUESTS_FINISHED, "requests", (*ENGINE_LABELS, "reason"),
+            "Finished requests by finish reason (vLLM request_success).", "vllm /metrics"),
+)
+
+
+@dataclass
+class VllmOptions:
+    urls: list[str] = field(default_factory=list)  # e.g. ["http://127.0.0.1:8000/metrics"]
+    engine: str = "vllm"  # the `engine` label (engine kind) of every series
+    scrape_timeout_seconds: float = 2.0  # whole request per target: connect, headers and body
+    max_response_bytes: int = 8 * MIB  # a larger body fails that target (kind="too_large")
+    # cache-hit source → tier; entries given override the defaults one by one
+    cache_hit_source_tiers: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SOURCE_TIERS))
+    # tiering `tier` label → tier (exact, then glob patterns; no match → unattributed); overrides per entry
+    tiering_tiers: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_TIERING_TIERS))
+
+    def validate(self, path: str) -> None:
+        if not self.urls:
+            raise ValueError('urls: the vllm collector is enabled but has no URL to scrape; set urls = '
+                             '["http://127.0.0.1:8000/metrics"] (vLLM serves /metrics on its API port) '
+                             "or disable it")
+        for url in self.urls:
+            check_url(url)
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("urls: a URL is listed twice")
+        if not self.engine:
+            raise ValueError("engine: must not be empty")
+        if self.scrape_timeout_seconds <= 0:
+            raise ValueError(f"scrape_timeout_seconds: must be > 0, got {self.scrape_timeout_seconds}")
+        if self.max_response_bytes < 1024:
+            raise ValueError(f"max_response_bytes: must be >= 1024, got {self.max_response_bytes}")
+        for key, value in self.cache_hit_source_tiers.items():
+            parse_tier_option(f"cache_hit_source_tiers.{key}", value)
+        for key, value in self.tiering_tiers.items():
+            if parse_tier_option(f"tiering_tiers.{key}", value) == Tier.G1:
+                raise ValueError(f"tiering_tiers.{key}: offload tiers are below G1 (G2, G3, G4 or unattributed)")
+
+
+def parse_tier_option(key: str, value: str) -> Tier:
+    try:
+        return parse_tier(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
+def check_url(url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"urls: {url!r} is not an http(s)://HOST[:PORT]/PATH URL")
+    if parts.username or parts.password:
+        raise ValueError(f"urls: {url!r}: credentials in URLs are not supported")
+
+
+class ScrapeError(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+Fetcher = Callable[[str, float, int], bytes]
+
+
+def http_fetch(url: str, timeout: float, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> bytes:
+    """GET `url`; the body, or ScrapeError(kind). `timeout` bounds the whole request, not each read."""
+    deadline = clock() + timeout
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a sidecar scrapes its pod directly
+    request = urllib.request.Request(url, headers={"User-Agent": f"kvscope/{__version__}",
+                                                   "Accept": "text/plain;version=0.0.4"})
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            chunks, size = [], 0
+            while True:
+                chunk = response.read(min(65536, max_bytes + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError("too_large", f"body exceeds max_response_bytes={max_bytes}")
+                if clock() > deadline:
+                    raise ScrapeError("timeout", f"body not complete within {timeout}s")
+    except urllib.error.HTTPError as exc:
+        raise ScrapeError("http_status", f"HTTP {exc.code}") from None
+    except http.client.IncompleteRead as exc:
+        raise ScrapeError("truncated", f"connection closed after {len(exc.partial)} bytes") from None
+    except http.client.HTTPException as exc:
+        raise ScrapeError("protocol", f"{type(exc).__name__}: {exc}") from None
+    except urllib.error.URLError as exc:
+        kind = "timeout" if isinstance(exc.reason, TimeoutError) else "connect"
+        raise ScrapeError(kind, str(exc.reason)) from None
+    except TimeoutError:
+        raise ScrapeError("timeout", f"no answer within {timeout}s") from None
+    except OSError as exc:
+        raise ScrapeError("connect", str(exc)) from None
+    return b"".join(chunks)
+
+
+@dataclass
+class _Target:
+    url: str
+    scanner: ExpositionScanner
+    up: bool | None = None
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+    malformed: int = 0
+    response_bytes: int = 0
+    reported_malformed: bool = False
+
+
+class VllmMetricsCollector:
+    def __init__(self, options: VllmOptions, fetch: Fetcher | None = None) -> None:
+        self._options = options
+        self._fetch: Fetcher = fetch or http_fetch
+        self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers)
+        wanted = wanted_samples()
+        self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
+
+    def collect(self) -> list[Reading]:
+        readings: list[Reading] = []
+        claimed: set[tuple[str, tuple[str, ...]]] = set()  # series keys already given by a target
+        for target in self._targets:
+            self._scrape(target, readings, claimed)
+        for t in self._targets:
+            labels = (NAME, t.url)
+            readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))
+            readings.append(Sample("kvscope_scrape_malformed_lines_total", labels, float(t.malformed)))
+            readings.append(Sample("kvscope_scrape_response_bytes", labels, float(t.response_bytes)))
+            readings.extend(Sample("kvscope_scrape_errors_total", (*labels, kind), float(n))
+                            for kind, n in t.errors.items())
+        return readings
+
+    def _scrape(self, target: _Target, readings: list[Reading], claimed: set[tuple[str, tuple[str, ...]]]) -> None:
+        opts = self._options
+        try:
+            body = self._fetch(target.url, opts.scrape_timeout_seconds, opts.max_response_bytes)
+            target.response_bytes = len(body)
+            page = target.scanner.scan(body.decode("utf-8", errors="replace"))
+            if page.truncated:
+                # a cut-off page may lack some of the series that are summed into one: use none of it
+                raise ScrapeError("truncated", "the body does not end with a newline")
+        except ScrapeError as exc:
+            target.errors[exc.kind] += 1
+            if target.up is not False:
+                log.warning("vllm target %s: scrape failed (%s); retrying every cycle", target.url, exc)
+            target.up = False
+            return
+        if target.up is False:
+            log.info("vllm target %s: scraping again", target.url)
+        target.up = True
+        result = self._normaliser.normalise(page)
+        target.malformed += page.malformed + result.dropped
+        if (page.malformed or result.dropped) and not target.reported_malformed:
+            target.reported_malformed = True
+            log.warning("vllm target %s: %d malformed line(s) and %d unusable sample(s) skipped (counted in "
+                        "kvscope_scrape_malformed_lines_total, logged once); first: %s", target.url,
+                        page.malformed, result.dropped, page.first_problem or "-")
+        duplicates = 0
+        for reading in result.readings:
+            key = (reading.name, reading.labels)
+            if key in claimed:
+                duplicates += 1
+                continue
+            claimed.add(key)
+            readings.append(reading)
+        if duplicates:
+            target.errors["duplicate_series"] += 1
+            if target.errors["duplicate_series"] == 1:
+                log.warning("vllm target %s: %d series already reported by another target (same model and "
+                            "dp rank) were dropped; give each target distinct engines", target.url, duplicates)
+
+
+def _factory(options: VllmOptions, context: CollectorContext) -> VllmMetricsCollector:
+    fetch = context.extras.get("vllm_fetch")  # tests may inject a fetcher; production uses http_fetch
+    return VllmMetricsCollector(options, fetch)
+
+
+SPEC = CollectorSpec(
+    name=NAME,
+    description="vLLM /metrics (prefix-cache hits per tier, offload transfers, TTFT/queue/prefill, capacities)",
+    options=VllmOptions,
+    factory=_factory,
+    metrics=METRICS,
+    enabled_by_default=False,
+)
