@@ -1,0 +1,73 @@
+"""AIPerf export parsing on literal fixtures built from the documented formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collectors.aiperf import (
+    parse_profile_export,
+    parse_profile_line,
+    parse_server_metrics,
+    read_artifact_dir,
+    to_record,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "aiperf"
+
+
+def test_profile_export_records() -> None:
+    export = parse_profile_export((FIXTURES / "profile_export.jsonl").read_text())
+    assert export.bad_lines == 1 and len(export.requests) == 5
+    first, second, warmup, cancelled, failed = export.requests
+    assert first.request_id == "a4e1c0de-0000-4000-8000-000000000001"
+    assert first.ttft == pytest.approx(0.17966) and first.latency == pytest.approx(0.26882)
+    assert (first.input_tokens, first.prompt_tokens, first.cached_tokens) == (198, 161, None)
+    assert first.start_ns == 1796056569375391814
+    assert second.cached_tokens == 128 and second.ttft == pytest.approx(0.0382)
+    assert warmup.phase == "warmup" and cancelled.cancelled and failed.failed
+
+
+def test_records_for_the_correlation_engine() -> None:
+    export = parse_profile_export((FIXTURES / "profile_export.jsonl").read_text())
+    records = [r for r in (to_record(q, "vllm", "fake-model") for q in export.requests) if r is not None]
+    assert [r.request_id[-1] for r in records] == ["1", "2"]  # warmup, cancelled, failed left out
+    second = records[1]
+    assert (second.prompt_tokens, second.cached_tokens, second.new_tokens) == (161, 128, 33)
+    assert second.arrival == pytest.approx(1796056569.41) and second.source == "aiperf"
+    assert second.queue is None and second.prefill is None  # a client does not see server phases
+
+
+def test_units_other_than_ms_and_bad_values() -> None:
+    line = ('{"metadata":{"request_start_ns":5},"metrics":{"time_to_first_token":{"value":2.5e8,"unit":"ns"},'
+            '"usage_prompt_tokens":{"value":-3}}}')
+    request = parse_profile_line(line)
+    assert request.ttft == pytest.approx(0.25) and request.prompt_tokens is None
+    assert request.request_id == ":0:5"
+    with pytest.raises(ValueError):
+        parse_profile_line('{"metadata":{"request_start_ns":"soon"},"metrics":{}}')
+
+
+def test_server_metrics_scrapes() -> None:
+    export = parse_server_metrics((FIXTURES / "server_metrics_export.jsonl").read_text())
+    assert export.bad_lines == 1 and export.bad_entries == 1 and len(export.scrapes) == 2
+    scrape = export.scrapes[1]
+    assert scrape.endpoint_url == "http://127.0.0.1:8000/metrics"
+    assert scrape.timestamp_ns == 1796056569433000000 and scrape.latency_ns == 1900000
+    entries = {e.name: e for e in scrape.entries}
+    assert entries["vllm:num_requests_running"].value == 4.0
+    assert entries["vllm:num_requests_running"].labels == {"engine": "0", "model_name": "fake-model"}
+    ttft = entries["vllm:time_to_first_token_seconds"]
+    assert ttft.buckets == ((0.04, 1.0), (0.25, 2.0), (float("inf"), 2.0))
+    assert (ttft.sum, ttft.count) == (0.2122, 2.0)
+    summary = entries["fake:rpc_latency_seconds"]
+    assert summary.quantiles == ((0.5, 0.012), (0.99, 0.031)) and summary.labels == {}
+
+
+def test_read_artifact_dir(tmp_path: Path) -> None:
+    (tmp_path / "profile_export.jsonl").write_text((FIXTURES / "profile_export.jsonl").read_text())
+    profile, server = read_artifact_dir(tmp_path)
+    assert len(profile.requests) == 5 and server is None
+    (tmp_path / "server_metrics_export.jsonl").write_text((FIXTURES / "server_metrics_export.jsonl").read_text())
+    assert read_artifact_dir(tmp_path)[1] is not None
