@@ -14,6 +14,7 @@ Run: .venv/bin/python bench/bench_kv_events.py   (about 1 minute on 2 cores; exi
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import random
 import statistics
@@ -165,7 +166,7 @@ def bench_zmq() -> None:
     print("    offered ev/s   sent batches   received   missed (seq)   sent-received==missed")
     lossless = 0.0
     ok = True
-    for rate in (100e3, 200e3, 300e3, 400e3, 500e3, 700e3, 1e6, 0):
+    for rate in (50e3, 100e3, 150e3, 200e3, 300e3, 500e3, 1e6, 0):
         r = step(payloads, rate, 2.5)
         lost = r["sent"] - r["received"]
         match = lost == r["missed"] == r["dropped"]
@@ -181,6 +182,7 @@ def bench_zmq() -> None:
 
 
 def main() -> int:
+    logging.getLogger("kvscope").setLevel(logging.ERROR)  # the loss steps log gaps on purpose
     t0 = time.perf_counter()
     ctx: zmq.Context[Any] = zmq.Context()
     bench_decode(ctx)
