@@ -62,7 +62,8 @@ class GpuIntervals(Protocol):
 class CorrelationOptions:
     # where an engine's KV load time sits: "queue" (async loads: vLLM OffloadingConnector) or "prefill"
     fetch_inside: Literal["queue", "prefill"] = "queue"
-    fetch_inside_by_engine: dict[str, str] = field(default_factory=dict)  # engine kind -> queue|prefill
+    # engine kind -> queue|prefill; the reference engine loads synchronously inside the step
+    fetch_inside_by_engine: dict[str, str] = field(default_factory=lambda: {"reference": "prefill"})
     fit_window: int = 512  # pure-compute requests kept for the prefill cost fit
     fit_min_samples: int = 8
     prefill_a: float = 0.0  # prior a (s/token) used until the first fit; 0 = none
