@@ -13,6 +13,8 @@ What it needs from the agent, through `CollectorContext.extras`: `store` (the ag
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 from collections import defaultdict, deque
@@ -245,8 +247,12 @@ class CorrelationEngine:
     def _add_attribution(self, name: str, key: Key, attribution: Attribution, basis: str) -> None:
         for component, part in attribution.parts.items():
             self._counters[(name, (*key, component, part.method))] += part.seconds
-        for kind in ("negative_remainder", "fetch_overflow", "estimate_overflow"):
-            self._counters[(m.ATTRIBUTION_ERROR, (*key, basis, kind))] += getattr(attribution, kind)
+        for kind, amount in (("negative_remainder", attribution.negative_remainder),
+                             ("fetch_overflow", attribution.fetch_overflow),
+                             ("estimate_overflow", attribution.estimate_overflow)):
+            error_key = (m.ATTRIBUTION_ERROR, (*key, basis, kind))
+            if amount or error_key not in self._counters:  # every error series exists, at 0 until it happens
+                self._counters[error_key] += amount
 
     def _per_request(self, records: list[RequestRecord]) -> None:
         touched: set[Key] = set()
@@ -299,9 +305,7 @@ class CorrelationEngine:
 
     def _observe_share(self, key: Key, share: float) -> None:
         counts = self._share_hist.setdefault(key, [0.0] * (len(m.FETCH_SHARE_BUCKETS) + 1))
-        for i, bound in enumerate((*m.FETCH_SHARE_BUCKETS, math.inf)):
-            if share <= bound:
-                counts[i] += 1
+        counts[bisect.bisect_left(m.FETCH_SHARE_BUCKETS, share)] += 1  # per bucket; cumulated when read
         self._share_sum[key] += share
 
     def _bytes_per_token(self, key: Key) -> float | None:
@@ -392,8 +396,9 @@ class CorrelationEngine:
         out.extend(Sample(name, labels, value) for (name, labels), value in self._gauges.items())
         bounds = (*m.FETCH_SHARE_BUCKETS, math.inf)
         for key, counts in self._share_hist.items():
-            out.append(HistogramSample(m.FETCH_SHARE, key, tuple(zip(bounds, counts, strict=True)),
-                                       self._share_sum[key], counts[-1]))
+            cumulative = tuple(itertools.accumulate(counts))
+            out.append(HistogramSample(m.FETCH_SHARE, key, tuple(zip(bounds, cumulative, strict=True)),
+                                       self._share_sum[key], cumulative[-1]))
         return out
 
 

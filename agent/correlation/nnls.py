@@ -53,7 +53,7 @@ def _least_squares(columns: list[list[float]], y: Sequence[float]) -> list[float
 
 
 def _residuals(rows: Sequence[Sequence[float]], y: Sequence[float], beta: Sequence[float]) -> list[float]:
-    return [yi - math.fsum(x * b for x, b in zip(row, beta, strict=True)) for row, yi in zip(rows, y, strict=True)]
+    return [yi - sum(x * b for x, b in zip(row, beta, strict=True)) for row, yi in zip(rows, y, strict=True)]
 
 
 def nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> Fit:
@@ -75,7 +75,7 @@ def nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> Fit:
                     continue
                 for j, b in zip(passive, solved, strict=True):
                     beta[j] = b
-            ss = math.fsum(r * r for r in _residuals(rows, y, beta))
+            ss = sum(r * r for r in _residuals(rows, y, beta))
             if best is None or ss < best[0]:
                 best = (ss, beta)
     assert best is not None  # the empty passive set is always feasible
