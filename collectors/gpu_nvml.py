@@ -52,9 +52,10 @@ class NvmlOptions:
     recent_intervals: int = 4096  # (start, end, busy_fraction) kept per GPU for the correlation engine
     utilization: Literal["auto", "rates", "off"] = "auto"  # auto: samples, falling back to rates
     pcie: Literal["auto", "throughput", "off"] = "auto"  # auto: byte counters, falling back to throughput
-    # The PCIe byte counters are 32-bit and wrap every ~67 ms at Gen5 x16 speed: they are read on a
-    # thread this often and unwrapped there. 0 reads them only at each collection (too slow to unwrap).
-    pcie_poll_seconds: float = 0.02
+    # The PCIe byte counters are 32-bit (H200, driver 580) and wrap after 4 GiB, every ~68 ms at PCIe Gen5
+    # x16's 63 GB/s: a thread reads them this often (must stay below 2^32 B / link rate; one read cost
+    # 0.32 ms on an H200) and unwraps them. 0 reads them only at each collection (loses wraps under load).
+    pcie_poll_seconds: float = 0.05
     nvlink: bool = True
     processes: bool = True
     process_match: str = ""  # regex on the process's comm; "" reports every compute process

@@ -17,6 +17,7 @@ Total runtime stays under 60 s.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -87,6 +88,7 @@ class Poller:
         self._stop.set()
         self._thread.join(10)
         self.poll()
+        self.collector.close()  # stops its PCIe thread: no reads after the final readings
 
     def recording(self) -> dict[str, Any]:
         data = self.recorder.recording()
@@ -276,6 +278,13 @@ def nvml_index_of(torch: Any, nvml: Any, device_index: int) -> str:
     return "0"
 
 
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu-check-out", help="folder for the recordings and summary.json")
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", args.device)
     gpu = nvml_index_of(torch, pynvml, args.device)
     origin = (f"scripts/gpu_check.py {time.strftime('%Y-%m-%d')}: {torch.cuda.get_device_name(device)}, driver "
-              f"{pynvml.nvmlSystemGetDriverVersion()}, nvidia-ml-py {getattr(pynvml, '__version__', '?')}, torch "
+              f"{pynvml.nvmlSystemGetDriverVersion()}, nvidia-ml-py {package_version('nvidia-ml-py')}, torch "
               f"{torch.__version__}; load {args.on:g} s on / {args.off:g} s off on NVML GPU {gpu}")
     handle = pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
     reads = 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -423,3 +424,53 @@ def test_gpu_check_without_torch_cannot_run(tmp_path: Path) -> None:
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")
     assert gpu_check().main(["--out", str(tmp_path / "out")]) == 2
+
+
+# -- real recordings (scripts/gpu_check.py on an H200, driver 580.159.04) -------------------------------
+
+
+def final(recording: dict[str, Any], name: str, *labels: str) -> float:
+    return float(next(v for n, ls, v, _ in recording["final_readings"] if n == name and tuple(ls) == labels))
+
+
+@pytest.mark.parametrize("fixture", ["h200_real_auto.json", "h200_real_fallback.json"])
+def test_real_h200_recording_replays_to_the_live_busy_idle_totals(fixture: str) -> None:
+    recording = load(fixture)
+    fallback = "fallback" in fixture
+    options = {"utilization": "rates", "pcie": "throughput"} if fallback else {}
+    collector, _, clocks = make(recording, **options)
+    for poll in recording["polls"]:
+        clocks.set(poll)
+        readings = collector.collect()
+    names = ["kvscope_gpu_busy_seconds_total", "kvscope_gpu_idle_seconds_total", "kvscope_gpu_unsampled_seconds_total"]
+    if fallback:  # the throughput estimate is read at each collection, so it replays too
+        names += ["kvscope_gpu_pcie_receive_bytes_total", "kvscope_gpu_pcie_transmit_bytes_total"]
+    for name in names:
+        assert value(readings, name, "0") == final(recording, name, "0"), name
+    # the H200 kept sampling while idle, every 0.2 s, on the epoch clock
+    periods = [round(end - start, 2) for start, end, _ in collector.recent_samples("0")]
+    assert fallback or statistics.median(periods) == 0.2
+    assert value(readings, "kvscope_gpu_unsampled_seconds_total", "0") == 0.0
+
+
+def test_real_h200_pcie_counters_are_32_bit_and_unwrap_to_the_live_totals() -> None:
+    from collectors.gpu_samples import unwrap
+
+    recording = load("h200_real_auto.json")
+    last_poll = len(recording["polls"]) - 1  # reads after the last collection are not in its readings
+    reads = [c for c in recording["calls"] if c["fn"] == "nvmlDeviceGetFieldValues"
+             and c["args"] == [{"handle": 0}, [197, 198]] and c["poll"] <= last_poll]
+    assert len(reads) > 1000  # the 20 ms thread's reads, in order
+    totals = {197: 0.0, 198: 0.0}
+    previous: dict[int, float] = {}
+    wraps = 0
+    for call in reads:
+        for entry in call["result"]:
+            assert entry["valueType"] == 1 and entry["nvmlReturn"] == 0  # uiVal: 32-bit
+            fid, raw = entry["fieldId"], float(entry["value"])
+            wraps += fid in previous and raw < previous[fid]
+            totals[fid] += unwrap(previous.get(fid), raw, 1, 0.02)
+            previous[fid] = raw
+    assert wraps > 30  # ~40 GiB each way per 1 s poll would have been lost at 1 s reads
+    assert totals[198] == final(recording, "kvscope_gpu_pcie_receive_bytes_total", "0")
+    assert totals[197] == final(recording, "kvscope_gpu_pcie_transmit_bytes_total", "0")
