@@ -198,6 +198,9 @@ def test_factory_shares_the_record_buffer_and_finds_the_store() -> None:
     assert isinstance(context.extras[RECORDS_KEY], RecordBuffer)
     context.extras[RECORDS_KEY].put([record(1, prompt_tokens=100, cached_tokens=0, prefill=0.1, queue=0.0)])
     assert any(r.name == m.REQUESTS_ATTRIBUTED for r in engine.collect())
+    context.extras["gpu_intervals"] = FakeGpus([])  # added after the engine was built: found on the next window
+    engine.collect()
+    assert engine._gpus is context.extras["gpu_intervals"] and engine._store is store
     assert SPEC.name == "correlation" and SPEC.enabled_by_default
 
 

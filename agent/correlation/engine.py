@@ -132,8 +132,9 @@ class _Window:
 class CorrelationEngine:
     def __init__(self, options: CorrelationOptions, store: Store | None, records: RecordBuffer | None,
                  gpu_intervals: GpuIntervals | None, wall_clock: Callable[[], float],
-                 writer: JsonlWriter | None = None) -> None:
+                 writer: JsonlWriter | None = None, extras: dict[str, Any] | None = None) -> None:
         self._o = options
+        self._extras = extras  # looked up again each window: the runtime may add the store or GPUs later
         self._store, self._records, self._gpus, self._wall = store, records, gpu_intervals, wall_clock
         self._writer = writer
         self._deltas = _Deltas()
@@ -158,6 +159,11 @@ class CorrelationEngine:
     # -- one window ---------------------------------------------------------------------------------
 
     def collect(self) -> list[Reading]:
+        if self._extras is not None:
+            if self._store is None and isinstance(self._extras.get("store"), Store):
+                self._store = self._extras["store"]
+            if self._gpus is None and hasattr(self._extras.get("gpu_intervals"), "recent_samples"):
+                self._gpus = self._extras["gpu_intervals"]
         now = self._wall()
         dt = None if self._last_now is None else now - self._last_now
         self._last_now = now
@@ -403,14 +409,9 @@ class CorrelationEngine:
 
 
 def build(options: CorrelationOptions, context: CollectorContext) -> CorrelationEngine:
-    store = context.extras.get("store")
-    if not isinstance(store, Store):
-        log.info("correlation: no store in the agent's extras; only per-request records will be attributed")
-        store = None
-    gpus = context.extras.get("gpu_intervals")
     writer = JsonlWriter(options.requests_jsonl) if options.requests_jsonl else None
-    return CorrelationEngine(options, store, shared_buffer(context.extras, options.record_buffer),
-                             gpus if hasattr(gpus, "recent_samples") else None, context.wall_clock, writer)
+    records = shared_buffer(context.extras, options.record_buffer)
+    return CorrelationEngine(options, None, records, None, context.wall_clock, writer, context.extras)
 
 
 SPEC = CollectorSpec(
