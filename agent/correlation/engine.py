@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import logging
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -48,8 +47,6 @@ from agent.readings import HistogramSample, LabelValues, Reading, Sample
 from agent.store import Store
 from agent.tiers import Tier, link
 from collectors.base import CollectorContext, CollectorSpec
-
-log = logging.getLogger("kvscope.correlation")
 
 Key = tuple[str, str, str]  # engine, model, dp_rank
 BELOW_G1 = (Tier.G2.value, Tier.G3.value, Tier.G4.value, Tier.UNATTRIBUTED.value)
