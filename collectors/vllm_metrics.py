@@ -180,6 +180,9 @@ def http_fetch(url: str, timeout: float, max_bytes: int, clock: Callable[[], flo
                     raise ScrapeError("too_large", f"body exceeds max_response_bytes={max_bytes}")
                 if clock() > deadline:
                     raise ScrapeError("timeout", f"body not complete within {timeout}s")
+            missing = getattr(response, "length", None)  # read(amt) does not raise on a short body
+            if missing:
+                raise ScrapeError("truncated", f"connection closed {missing} bytes before Content-Length")
     except urllib.error.HTTPError as exc:
         raise ScrapeError("http_status", f"HTTP {exc.code}") from None
     except http.client.IncompleteRead as exc:
