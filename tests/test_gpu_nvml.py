@@ -166,7 +166,7 @@ def test_identity_memory_and_processes(tmp_path: Path) -> None:
         ("kvscope_gpu_info", ("0", "GPU-5f1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d", "NVIDIA H200", "00000000:19:00.0",
                               "disabled", "samples", "counter")),
         ("kvscope_gpu_info", ("1", "GPU-9a8b7c6d-5e4f-3a2b-1c0d-fedcba987654", "NVIDIA H200", "00000000:3B:00.0",
-                              "enabled", "utilization_rates", "throughput_estimate")),
+                              "disabled", "utilization_rates", "throughput_estimate")),
     ]
     assert value(outputs[0], "kvscope_gpu_memory_used_bytes", "0") == 90_000_000_000
     assert value(outputs[0], "kvscope_gpu_memory_total_bytes", "0") == 150_754_820_096
@@ -204,7 +204,7 @@ def test_pcie_counters_exact_with_a_reset(tmp_path: Path) -> None:
     assert ("0",) not in store.values("kvscope_gpu_nvlink_transmit_bytes_total")
 
 
-def test_mig_gpu_falls_back_and_a_lost_gpu_does_not_stop_the_others(tmp_path: Path, caplog: Any) -> None:
+def test_gpu_without_samples_falls_back_and_a_lost_gpu_does_not_stop_the_others(tmp_path: Path, caplog: Any) -> None:
     caplog.set_level(logging.INFO, "kvscope.collectors.nvml")
     collector, replay, outputs, _, clocks = run_two_gpus(tmp_path, 3)
     second = outputs[1]
@@ -257,7 +257,7 @@ def test_the_pcie_thread_unwraps_several_wraps_between_collections() -> None:
     assert value(readings, "kvscope_gpu_pcie_receive_bytes_total", "0") == 0
 
 
-def test_uint_counter_wraps_and_a_gpu_without_utilization_reports_none() -> None:
+def test_uint_counter_wraps_and_a_mig_gpu_reports_no_busy_idle() -> None:
     recording = load("pcie_wrap_constructed.json")
     collector, _, clocks = make(recording)
     store = store_with_gpu_metrics()
