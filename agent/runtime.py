@@ -61,11 +61,16 @@ def build_agent(
     specs = collector_specs() if specs is None else specs
     context = context or CollectorContext(proc_root=config.agent.proc_root, sys_root=config.agent.sys_root)
     store = Store(build_catalogue(specs), history=config.agent.history)
+    # What collectors share: the correlation engine reads the store and the GPU collector's idle
+    # intervals; the OTLP receiver and the engine share a record buffer they create themselves.
+    context.extras["store"] = store
     jobs = []
     for name, (settings, options) in config.collectors.items():
         if not settings.enabled:
             continue
         collector = specs[name].factory(options, context)
+        if hasattr(collector, "recent_samples") and hasattr(collector, "gpus"):
+            context.extras["gpu_intervals"] = collector
         jobs.append(Job(name, collector, config.interval_of(name), config.timeout_of(name)))
     scheduler = Scheduler(store, jobs, max_backoff=config.agent.max_backoff)
     server = None
