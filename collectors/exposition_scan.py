@@ -232,6 +232,9 @@ class ExpositionScanner:
                 i = line.find(sep)
                 if 0 <= i < end:
                     end = i
+            if end == len(line):
+                self._problem(result, line, "no value")
+                return "\n", [], True  # "\n" starts no line: the next line is looked at afresh
             current = line[: end + 1]  # "name " or "name\t", or "name {" below
             if brace >= 0 and not line[end:brace].strip(" \t"):
                 current = line[: brace + 1]

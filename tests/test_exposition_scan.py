@@ -122,6 +122,13 @@ def test_malformed_line_is_counted_and_skipped(line: str) -> None:
     assert sum(len(v) for v in result.samples.values()) == 2
 
 
+def test_line_without_value_does_not_swallow_the_next_family() -> None:
+    text = 'vllm:x\nvllm:x_total{a="1"} 4\nvllm:x 5\n'
+    result = ExpositionScanner(("vllm:",)).scan(text)
+    assert result.malformed == 1
+    assert result.samples == {"vllm:x_total": [({"a": "1"}, 4.0)], "vllm:x": [({}, 5.0)]}
+
+
 def test_page_cut_off_mid_line() -> None:
     text = PAGES[0].read_text()
     cut = text[: text.index("vllm:prefix_cache_hits_total{") + 40]
