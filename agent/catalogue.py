@@ -107,7 +107,7 @@ AGENT_METRICS = (
     counter("kvscope_collector_errors_total", "", ("collector",),
             "Collector runs that raised, timed out or returned invalid readings.", "scheduler"),
     counter("kvscope_collector_runs_total", "", ("collector",), "Collector runs started.", "scheduler"),
-    counter("kvscope_counter_resets_total", "", ("collector",),
+    counter("kvscope_source_resets_total", "", ("collector",),
             "Source counters that went backwards (restart, wrap) and were taken as resets.", "store"),
     counter("kvscope_store_rejected_readings_total", "", ("collector",),
             "Readings dropped because they named no catalogued metric or had the wrong label count.",

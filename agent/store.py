@@ -88,7 +88,7 @@ class Store:
             self._exported |= seen
             self._owned[collector] = seen
             if result.resets:
-                self._bump_locked("kvscope_counter_resets_total", (collector,), result.resets, now)
+                self._bump_locked("kvscope_source_resets_total", (collector,), result.resets, now)
             if result.rejected:
                 self._bump_locked("kvscope_store_rejected_readings_total", (collector,), result.rejected, now)
         return result

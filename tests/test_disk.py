@@ -279,7 +279,7 @@ def test_failover_of_a_path_keeps_the_summed_head_monotonic(tmp_path: Path) -> N
     assert store.value("kvscope_disk_reads_completed_total", labels) == first + 100
     assert store.value("kvscope_disk_io_time_seconds_total", labels) == pytest.approx(
         (1633410 + 1630022 + 100) / 1000, abs=1e-9)
-    assert store.value("kvscope_counter_resets_total", ("disk",)) is None  # nothing looked like a reset
+    assert store.value("kvscope_source_resets_total", ("disk",)) is None  # nothing looked like a reset
 
 
 def test_member_sum_handles_a_restarted_and_a_wrapped_path() -> None:

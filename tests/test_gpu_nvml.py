@@ -199,7 +199,7 @@ def test_pcie_counters_exact_with_a_reset(tmp_path: Path) -> None:
     # The collector unwraps these itself (they wrap faster than it collects), so totals start at 0.
     assert store.value("kvscope_gpu_pcie_transmit_bytes_total", ("0",)) == 10_000 + 3_000
     assert store.value("kvscope_gpu_pcie_receive_bytes_total", ("0",)) == 4_096 + 100_000
-    assert store.value("kvscope_counter_resets_total", ("nvml",)) is None
+    assert store.value("kvscope_source_resets_total", ("nvml",)) is None
     # NVLink entries were NOT_SUPPORTED on GPU 0: not asked again, no series
     assert ("0",) not in store.values("kvscope_gpu_nvlink_transmit_bytes_total")
 

@@ -45,7 +45,7 @@ def test_counter_reset_counts_from_zero_and_never_goes_down(store: Store) -> Non
     totals = feed(store, 100.0, 250.0, 30.0, 80.0)
     assert totals == [100.0, 250.0, 280.0, 330.0]
     assert all(b >= a for a, b in itertools.pairwise(totals))
-    assert store.value("kvscope_counter_resets_total", ("c",)) == 1.0
+    assert store.value("kvscope_source_resets_total", ("c",)) == 1.0
 
 
 def test_counter_wrap_with_known_modulus(store: Store) -> None:

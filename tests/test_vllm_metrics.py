@@ -408,7 +408,7 @@ def test_golden_exposition_and_engine_restart(server: tuple[str, dict[str, Any]]
         after["store_bytes"] + restarted["store_bytes"])
     _, _, _, ttft_count = store.histogram("kvscope_ttft_seconds", base(0))
     assert ttft_count == len(after["ttft"]) + len(restarted["ttft"])
-    resets = store.value("kvscope_counter_resets_total", ("vllm",))
+    resets = store.value("kvscope_source_resets_total", ("vllm",))
     assert resets is not None and resets > 20
 
 
