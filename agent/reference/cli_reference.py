@@ -1,9 +1,146 @@
-"""`kvscope reference serve|scenario`: filled in with the engine."""
+"""`kvscope reference serve` and `kvscope reference scenario ttft-sweep|shared-prompts`."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+
+from agent.reference.geometry import parse_size
+
+log = logging.getLogger("kvscope.reference")
+
+
+def _engine_args(p: argparse.ArgumentParser, g1: str, g4: str) -> None:
+    from agent.reference.cli import add_geometry_args
+
+    add_geometry_args(p)
+    t = p.add_argument_group("tiers (capacities like 2GiB; 0 turns a tier off)")
+    t.add_argument("--block-tokens", type=int, default=256, help="tokens per block (default 256)")
+    t.add_argument("--g1", default=g1, help=f"G1 capacity (default {g1}); also caps the prompt length"
+                   + ("; 0: just enough for the longest prompt" if g1 == "0" else ""))
+    t.add_argument("--g2", default="0", help="G2 capacity (default 0: staging only)")
+    t.add_argument("--g3", default="0", help="G3 capacity (default 0: off)")
+    t.add_argument("--g4", default=g4, help=f"G4 capacity (default {g4}"
+                   + (": enough for every prompt)" if g4 == "0" else ")"))
+    t.add_argument("--g1-retain", action=argparse.BooleanOptionalAction, default=False,
+                   help="G1 keeps blocks between requests (default: no, as in the seeds' G4 test)")
+    t.add_argument("--data-dir", type=Path, help="where G3/G4 live (default: a temporary directory)")
+    t.add_argument("--g3-path", type=Path, help="G3 directory (default DATA_DIR/g3)")
+    t.add_argument("--g4-path", type=Path, help="G4 directory, e.g. on a shared mount (default DATA_DIR/g4)")
+    t.add_argument("--direct-io", action="store_true", help="O_DIRECT block-file I/O (where the FS allows it)")
+    t.add_argument("--time-scale", type=float, default=1.0, help="multiplies compute time (default 1)")
+
+
+def _config(args: argparse.Namespace, data_dir: Path, **extra: Any) -> Any:
+    from agent.reference.cli import geometry_from_args
+    from agent.reference.engine import EngineConfig
+
+    geo = geometry_from_args(args)
+    block_bytes = geo.block_bytes(args.block_tokens)
+
+    def blocks(size: str) -> int:
+        return parse_size(size) // block_bytes
+
+    return EngineConfig(data_dir=data_dir, geometry=geo, block_tokens=args.block_tokens,
+                        g1_blocks=max(1, blocks(args.g1)), g1_retain=args.g1_retain, g2_blocks=blocks(args.g2),
+                        g3_blocks=blocks(args.g3), g4_blocks=blocks(args.g4), g3_path=args.g3_path,
+                        g4_path=args.g4_path, direct_io=args.direct_io, time_scale=args.time_scale, **extra)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agent.reference.engine import Engine
+    from agent.reference.openai_server import ReferenceServer
+    from agent.reference.scenarios import data_dir
+
+    with data_dir(args.data_dir) as d:
+        config = _config(args, d, served_model_name=args.served_model_name, truth_path=args.truth,
+                         kv_events_endpoint=args.kv_events or None,
+                         kv_events_replay_endpoint=args.kv_events_replay or None,
+                         otlp_traces_endpoint=args.otlp_traces_endpoint, default_max_tokens=args.max_tokens)
+        engine = Engine(config)
+        server = ReferenceServer(engine, args.host, args.port)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        engine.start()
+        server.start()
+        pub = engine.publisher
+        log.info("reference engine on %s (/v1, /metrics); KV events %s, replay %s; G4 in %s; max prompt %d tokens",
+                 server.url, pub.endpoint if pub else "off", pub.replay_endpoint if pub else "off",
+                 config.g4_path or d / "g4",
+                 engine.max_prompt_tokens)
+        stop.wait()
+        server.stop()
+        engine.stop()
+    return 0
+
+
+def _scenario_base(args: argparse.Namespace, d: Path) -> Any:
+    return _config(args, d, kv_events_endpoint=None, kv_events_replay_endpoint=None, default_max_tokens=4)
+
+
+def _ttft_sweep(args: argparse.Namespace) -> int:
+    from agent.reference.scenarios import data_dir, format_sweep, ttft_sweep
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    with data_dir(args.data_dir) as d:
+        rows = ttft_sweep(_scenario_base(args, d), lengths, args.seed)
+    sys.stdout.write(format_sweep(rows))
+    if args.json:
+        args.json.write_text(json.dumps([{"prompt_tokens": r.prompt_tokens, "cold": asdict(r.cold),
+                                          "warm": asdict(r.warm)} for r in rows], indent=1))
+    return 0
+
+
+def _shared_prompts(args: argparse.Namespace) -> int:
+    from agent.reference.scenarios import data_dir, format_load, shared_prompts
+
+    with data_dir(args.data_dir) as d:
+        cache, recompute = shared_prompts(_scenario_base(args, d), args.requests, args.prompts, args.concurrency,
+                                          args.prompt_tokens, args.seed)
+    sys.stdout.write(format_load(cache, recompute))
+    if args.json:
+        args.json.write_text(json.dumps({r.label: {"requests": r.requests, "seconds": r.seconds, "rps": r.rps,
+                                                   "truth": [asdict(t) for t in r.truths]}
+                                         for r in (cache, recompute)}, indent=1))
+    return 0
 
 
 def add_reference_commands(sub: Any) -> None:
-    sub.add_parser("reference", help="the reference tier pipeline (engine, scenarios)")
+    ref = sub.add_parser("reference", help="the reference tier pipeline (engine, scenarios)")
+    ref_sub = ref.add_subparsers(dest="reference_command", required=True)
+    serve = ref_sub.add_parser("serve", help="run the engine: OpenAI API + /metrics, KV events, truth")
+    _engine_args(serve, g1="2GiB", g4="20GiB")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default="openai/gpt-oss-120b")
+    serve.add_argument("--max-tokens", type=int, default=16, help="output tokens when a request gives none")
+    serve.add_argument("--truth", type=Path, help="append ground truth (JSON Lines) to this file")
+    serve.add_argument("--kv-events", default="tcp://127.0.0.1:5557", help="PUB endpoint ('' = off)")
+    serve.add_argument("--kv-events-replay", default="tcp://127.0.0.1:5558", help="replay ROUTER ('' = off)")
+    serve.add_argument("--otlp-traces-endpoint", help="OTLP/HTTP collector, e.g. http://127.0.0.1:4318")
+    serve.set_defaults(func=_serve)
+    scen = ref_sub.add_parser("scenario", help="the seeds' experiments at laptop scale")
+    scen_sub = scen.add_subparsers(dest="scenario", required=True)
+    sweep = scen_sub.add_parser("ttft-sweep", help="TTFT cold vs warm across prompt lengths")
+    _engine_args(sweep, g1="0", g4="0")
+    sweep.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="prompt lengths in tokens")
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--json", type=Path, help="write the rows with their truth records here")
+    sweep.set_defaults(func=_ttft_sweep)
+    shared = scen_sub.add_parser("shared-prompts", help="N requests from M prompts at concurrency C")
+    _engine_args(shared, g1="0", g4="0")
+    shared.add_argument("--requests", type=int, default=40)
+    shared.add_argument("--prompts", type=int, default=20)
+    shared.add_argument("--concurrency", type=int, default=4)
+    shared.add_argument("--prompt-tokens", type=int, default=4096)
+    shared.add_argument("--seed", type=int, default=0)
+    shared.add_argument("--json", type=Path, help="write both runs with their truth records here")
+    shared.set_defaults(func=_shared_prompts)

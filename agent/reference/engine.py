@@ -53,6 +53,7 @@ class EngineConfig:
     g3_path: Path | None = None
     g4_path: Path | None = None  # any path: point it at a shared mount
     direct_io: bool = False
+    write_behind_blocks: int = 32  # host buffers for asynchronous stores to G3/G4 (0: store inline)
     prefix_caching: bool = True  # False: a recompute baseline (no lookup)
     cost: CostModel = field(default_factory=CostModel)
     time_scale: float = 1.0  # multiplies compute and decode time (fetch I/O is real and never scaled)
@@ -107,7 +108,8 @@ class Engine:
         self.has_connector = has_connector
         self.metrics = VllmMetrics(self.registry, config.served_model_name, config.engine_index,
                                    cache_info=self._cache_info(), offload_info=self._offload_info())
-        self.store = TieredStore(bt, self.block_bytes, config.tier_specs(), self, clock=clock)
+        self.store = TieredStore(bt, self.block_bytes, config.tier_specs(), self, clock=clock,
+                                 write_behind=config.write_behind_blocks)
         self._own_context = zmq_context is None
         self.zmq = zmq_context or zmq.Context()
         self.publisher: KVEventPublisher | None = None
@@ -123,6 +125,7 @@ class Engine:
         self._ids = itertools.count()
         self._current: RequestTruth | None = None
         self._events: list[BlockEvent] = []
+        self._events_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="reference-engine", daemon=True)
         self.max_prompt_tokens = config.g1_blocks * bt
 
@@ -137,6 +140,7 @@ class Engine:
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        self.store.close()
         if self.publisher is not None:
             self.publisher.close()
         if self.tracer is not None:
@@ -186,14 +190,18 @@ class Engine:
 
     def transfer(self, t: Transfer) -> None:
         self.metrics.transfer(t)
-        if self._current is not None:
+        if self._current is not None and not t.background:
             link = f"{t.src}->{t.dst}"
             tr = self._current
             tr.bytes_by_link[link] = tr.bytes_by_link.get(link, 0) + t.bytes
             tr.seconds_by_link[link] = tr.seconds_by_link.get(link, 0.0) + t.seconds
 
     def block_event(self, e: BlockEvent) -> None:
-        self._events.append(e)
+        if threading.current_thread() is self._thread or self.publisher is None:
+            with self._events_lock:
+                self._events.append(e)  # published as one batch at the end of the step
+        else:  # the write-behind thread: publish now, it has no steps
+            self.publisher.publish_block_events([e])
 
     def error(self, tier: Tier, kind: str) -> None:
         self.metrics.block_errors.labels(*self.metrics.labels, str(tier), kind).inc()
@@ -294,9 +302,10 @@ class Engine:
         return start, end
 
     def _flush_events(self) -> None:
-        if self._events and self.publisher is not None:
-            self.publisher.publish_block_events(self._events)
-        self._events = []
+        with self._events_lock:
+            events, self._events = self._events, []
+        if events and self.publisher is not None:
+            self.publisher.publish_block_events(events)
 
     def _cache_info(self) -> dict[str, str]:
         c = self.config

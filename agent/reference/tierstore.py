@@ -12,11 +12,18 @@ Policy (one thread drives it: the engine's device loop):
   through the host staging buffer.
 - a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
 Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
+
+Write-behind (write_behind > 0 slots): a block going down to a file tier is copied to a host buffer and
+written by a background thread, as vLLM's offload stores are asynchronous, so the device loop does not
+wait for the disk; the block is found in that tier once written. When every buffer is busy the write is
+done inline (backpressure). A lock serialises the store's state between the two threads.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -57,6 +64,7 @@ class Transfer:
     bytes: int
     seconds: float
     start: float  # clock() at the start
+    background: bool = False  # done by the write-behind thread, not on behalf of the request in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,7 @@ class _Tier:
 class TieredStore:
     def __init__(self, block_tokens: int, block_bytes: int, specs: dict[Tier, TierSpec],
                  observer: StoreObserver, clock: Callable[[], float] = time.perf_counter,
-                 seed: int = 0) -> None:
+                 seed: int = 0, write_behind: int = 0) -> None:
         if specs.get(G1, TierSpec(0)).capacity_blocks <= 0:
             raise ValueError("G1 needs at least one block: it is where prefill reads and writes KV")
         self.block_tokens = block_tokens
@@ -127,6 +135,24 @@ class TieredStore:
         self.meta: dict[int, BlockId] = {}
         self.pinned: set[int] = set()
         self.template = np.random.default_rng(seed).integers(0, 256, block_bytes, dtype=np.uint8)
+        self.lock = threading.RLock()
+        self._wb_pool = MemoryPool(write_behind, block_bytes, prefault=False)  # touched on first use
+        self._wb_files = {t: BlockFiles(f.directory, f.direct) for t, f in self.files.items()}  # own buffers
+        self._wb_queue: queue.Queue[tuple[Tier, BlockId, int] | None] = queue.Queue()
+        self._wb_pending: set[tuple[Tier, int]] = set()
+        self._wb_thread: threading.Thread | None = None
+        if write_behind > 0 and self.files:
+            self._wb_thread = threading.Thread(target=self._write_behind, name="kv-write-behind", daemon=True)
+            self._wb_thread.start()
+
+    def flush(self) -> None:
+        """Waits until every queued write-behind has landed."""
+        self._wb_queue.join()
+
+    def close(self) -> None:
+        if self._wb_thread is not None:
+            self._wb_queue.put(None)
+            self._wb_thread.join(timeout=60)
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -138,13 +164,14 @@ class TieredStore:
 
     def lookup(self, blocks: Iterable[BlockId]) -> list[Tier]:
         """Fastest tier of each leading block held somewhere; stops at the first miss."""
-        found: list[Tier] = []
-        for b in blocks:
-            tier = next((t for t in ORDER if b.key in self.tiers[t].lru), None)
-            if tier is None:
-                break
-            found.append(tier)
-        return found
+        with self.lock:
+            found: list[Tier] = []
+            for b in blocks:
+                tier = next((t for t in ORDER if b.key in self.tiers[t].lru), None)
+                if tier is None:
+                    break
+                found.append(tier)
+            return found
 
     def g1_view(self, key: int) -> np.ndarray:
         return self.g1.block(self.tiers[G1].lru[key])
@@ -153,44 +180,49 @@ class TieredStore:
 
     def fetch(self, blocks: list[BlockId], tiers: list[Tier]) -> FetchResult:
         """Brings the looked-up leading blocks into G1 (pinned until release)."""
-        result = FetchResult()
-        for b, tier in zip(blocks, tiers, strict=False):
-            moved = self._bring_to_g1(b, tier, result)
-            if moved is None:
-                result.failed = True
-                break
-            result.blocks_by_tier[tier] = result.blocks_by_tier.get(tier, 0) + 1
-            result.bytes_by_tier[tier] = result.bytes_by_tier.get(tier, 0) + moved
-            result.loaded += 1
-        return result
+        with self.lock:
+            result = FetchResult()
+            for b, tier in zip(blocks, tiers, strict=False):
+                moved = self._bring_to_g1(b, tier, result)
+                if moved is None:
+                    result.failed = True
+                    break
+                result.blocks_by_tier[tier] = result.blocks_by_tier.get(tier, 0) + 1
+                result.bytes_by_tier[tier] = result.bytes_by_tier.get(tier, 0) + moved
+                result.loaded += 1
+            return result
 
     def put_computed(self, b: BlockId) -> None:
         """A block prefill just produced: placed in G1, pinned."""
-        if b.key in self.tiers[G1].lru:
-            self._touch(G1, b.key)
+        with self.lock:
+            if b.key in self.tiers[G1].lru:
+                self._touch(G1, b.key)
+                self.pinned.add(b.key)
+                return
+            slot = self._allocate(G1)
+            stamp_block(self.g1.block(slot), self.template, b.key)
+            self.meta[b.key] = b
+            self._admit(G1, b, slot)
             self.pinned.add(b.key)
-            return
-        slot = self._allocate(G1)
-        stamp_block(self.g1.block(slot), self.template, b.key)
-        self.meta[b.key] = b
-        self._admit(G1, b, slot)
-        self.pinned.add(b.key)
 
     def release(self) -> None:
         """End of the request in flight: unpin; tiers that keep nothing push their blocks down now."""
-        self.pinned.clear()
-        for t in (G1, G2):
-            tier = self.tiers[t]
-            if not tier.keeps:
-                for key in list(tier.lru):
-                    self._evict(t, key)
+        with self.lock:
+            self.pinned.clear()
+            for t in (G1, G2):
+                tier = self.tiers[t]
+                if not tier.keeps:
+                    for key in list(tier.lru):
+                        self._evict(t, key)
 
     def clear(self) -> None:
         """Empties every tier (a cache starting empty), deleting block files."""
-        self.pinned.clear()
-        for t in ORDER:
-            for key in list(self.tiers[t].lru):
-                self._drop(t, key)
+        self.flush()
+        with self.lock:
+            self.pinned.clear()
+            for t in ORDER:
+                for key in list(self.tiers[t].lru):
+                    self._drop(t, key)
 
     # -- moves -----------------------------------------------------------------------------------------
 
@@ -280,6 +312,8 @@ class TieredStore:
             self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
             self._admit(G2, b, slot)
             return
+        if (dst, key) in self._wb_pending or self._queue_write(src, dst, b):
+            return
         self._make_room(dst)  # first: a G3 → G4 cascade reads through the staging slot used below
         host = self._host_copy(src, key)
         if host is None:
@@ -293,6 +327,46 @@ class TieredStore:
             return
         self.observer.transfer(Transfer(G2, dst, written, self.clock() - t0, t0))
         self._admit(dst, b, 0)
+
+    def _queue_write(self, src: Tier, dst: Tier, b: BlockId) -> bool:
+        """Hands the write to the write-behind thread if a buffer is free (False: write it inline)."""
+        if self._wb_thread is None or src not in (G1, G2):
+            return False
+        slot = self._wb_pool.allocate()
+        if slot is None:
+            return False
+        t0 = self.clock()
+        if b.key in self.tiers[G2].lru:
+            np.copyto(self._wb_pool.block(slot), self.g2.block(self.tiers[G2].lru[b.key]))
+        else:
+            np.copyto(self._wb_pool.block(slot), self.g1.block(self.tiers[G1].lru[b.key]))
+            self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
+        self._wb_pending.add((dst, b.key))
+        self._wb_queue.put((dst, b, slot))
+        return True
+
+    def _write_behind(self) -> None:
+        while (job := self._wb_queue.get()) is not None:
+            dst, b, slot = job
+            t0 = self.clock()
+            try:
+                written = self._wb_files[dst].write(b.key, self._wb_pool.slot(slot), self.block_bytes,
+                                                    self.block_tokens)
+            except OSError as exc:
+                log.warning("%s: cannot write block %016x: %s", dst, b.key, exc)
+                written = 0
+            seconds = self.clock() - t0
+            with self.lock:
+                self._wb_pool.free(slot)
+                self._wb_pending.discard((dst, b.key))
+                if written == 0:
+                    self.observer.error(dst, "write")
+                elif b.key not in self.tiers[dst].lru:
+                    self.observer.transfer(Transfer(G2, dst, written, seconds, t0, background=True))
+                    self._make_room(dst)
+                    self._admit(dst, b, 0)
+            self._wb_queue.task_done()
+        self._wb_queue.task_done()
 
     def _host_copy(self, src: Tier, key: int) -> np.ndarray | None:
         """A padded host-memory slot holding the block, to write it to a file tier from."""

@@ -1,0 +1,168 @@
+"""The seeds' two experiments at laptop scale, deterministic for a seed, run in-process on the engine.
+
+- ttft-sweep: prompts across a range of lengths, each sent cold (computed) and then warm (reused).
+  With the seeds' configuration (G1 and G2 keep nothing, no G3) every warm block comes from G4.
+- shared-prompts: N requests drawn from M prompts (each used N/M times, shuffled, as AIPerf's default
+  sampling does) at concurrency C, cache starting empty; once with the cache and once as a recompute
+  baseline (no prefix caching, no offload). RPS, total time and the speedup, like the seeds' table.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from agent.reference.engine import Engine, EngineConfig
+from agent.reference.tokenizer import VOCAB
+from agent.reference.truth import RequestTruth
+
+
+@contextmanager
+def running_engine(config: EngineConfig) -> Iterator[Engine]:
+    engine = Engine(config)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def _prompt(rng: np.random.Generator, tokens: int) -> list[int]:
+    return [int(t) for t in rng.integers(0, VOCAB, tokens)]
+
+
+def _blocks(tokens: int, block_tokens: int) -> int:
+    return -(-tokens // block_tokens) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    prompt_tokens: int
+    cold: RequestTruth
+    warm: RequestTruth
+
+    @property
+    def speedup(self) -> float:
+        return self.cold.ttft_s / self.warm.ttft_s if self.warm.ttft_s else 0.0
+
+
+def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0) -> list[SweepRow]:
+    bt = base.block_tokens
+    config = replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
+                     g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
+    rng = np.random.default_rng(seed)
+    rows = []
+    with running_engine(config) as engine:
+        engine.clear_cache()
+        for n in lengths:
+            tokens = _prompt(rng, n)
+            cold = engine.generate(tokens)
+            engine.store.flush()  # the seeds' test reads back a filled cache: let the stores land
+            rows.append(SweepRow(n, cold, engine.generate(tokens)))
+    return rows
+
+
+def format_sweep(rows: list[SweepRow]) -> str:
+    out = [f"{'tokens':>8} {'cold TTFT s':>12} {'warm TTFT s':>12} {'speedup':>8} {'reused':>8} "
+           f"{'fetch s':>8} {'fetch GB/s':>10} {'compute s':>10}"]
+    for r in rows:
+        w = r.warm
+        fetch, moved = w.fetch_total_s, sum(w.fetch_bytes.values())
+        out.append(f"{r.prompt_tokens:>8} {r.cold.ttft_s:>12.3f} {w.ttft_s:>12.3f} {r.speedup:>7.1f}x "
+                   f"{sum(w.tokens_by_tier.values()):>8} {fetch:>8.3f} {moved / fetch / 1e9 if fetch else 0:>10.2f} "
+                   f"{w.prefill_compute_s:>10.3f}")
+    return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    label: str
+    requests: int
+    seconds: float
+    truths: list[RequestTruth]
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def mean_ttft(self) -> float:
+        return sum(t.ttft_s for t in self.truths) / len(self.truths)
+
+    @property
+    def reused_share(self) -> float:
+        prompt = sum(t.prompt_tokens for t in self.truths)
+        return sum(sum(t.tokens_by_tier.values()) for t in self.truths) / prompt
+
+
+def _drive(engine: Engine, order: list[list[int]], concurrency: int,
+           clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[RequestTruth]]:
+    """C closed-loop clients, each sending its next request when the previous one finishes."""
+    lock = threading.Lock()
+    pending = iter(order)
+    truths: list[RequestTruth] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                tokens = next(pending, None)
+            if tokens is None:
+                return
+            truth = engine.generate(tokens)
+            with lock:
+                truths.append(truth)
+
+    start = clock()
+    threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return clock() - start, truths
+
+
+def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
+                   seed: int = 0) -> tuple[LoadResult, LoadResult]:
+    rng = np.random.default_rng(seed)
+    pool = [_prompt(rng, prompt_tokens) for _ in range(prompts)]
+    order = [pool[i % prompts] for i in range(requests)]
+    rng.shuffle(order)
+    bt = base.block_tokens
+    cached = replace(base, g1_blocks=max(base.g1_blocks, _blocks(prompt_tokens, bt)),
+                     g4_blocks=max(base.g4_blocks, prompts * _blocks(prompt_tokens, bt)))
+    baseline = replace(cached, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
+    results = []
+    for label, config in (("G4 cache", cached), ("recompute", baseline)):
+        with running_engine(config) as engine:
+            engine.clear_cache()
+            seconds, truths = _drive(engine, order, concurrency)
+        results.append(LoadResult(label, requests, seconds, truths))
+    return results[0], results[1]
+
+
+def format_load(cache: LoadResult, recompute: LoadResult) -> str:
+    out = [f"{'run':<10} {'requests':>8} {'total s':>8} {'RPS':>7} {'mean TTFT s':>12} {'reused':>7}"]
+    for r in (recompute, cache):
+        out.append(f"{r.label:<10} {r.requests:>8} {r.seconds:>8.2f} {r.rps:>7.2f} {r.mean_ttft:>12.3f} "
+                   f"{100 * r.reused_share:>6.1f}%")
+    out.append(f"speedup {recompute.seconds / cache.seconds:.2f}x including the cold fill "
+               f"(seeds, one GPU against 8-node Storage Scale: 22x)")
+    return "\n".join(out) + "\n"
+
+
+@contextmanager
+def data_dir(path: Path | None) -> Iterator[Path]:
+    """The given directory, or a temporary one removed afterwards."""
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="kvscope-reference-") as tmp:
+        yield Path(tmp)
