@@ -98,3 +98,10 @@ def test_saturated_32_bit_data_counter_is_reported_and_logged_once(
     assert values(out, "kvscope_rdma_receive_bytes_total")[("mlx5_1", "1")] == 4294967295 * 4
     assert values(out, "kvscope_host_input_errors_total") == {("rdma",): 0}  # a data problem, not an input error
     assert [r.getMessage().split(" is ")[0] for r in caplog.records] == ["rdma: mlx5_1 port 1 port_rcv_data"]
+
+
+def test_empty_infiniband_class_is_no_data(tmp_path: Path) -> None:
+    # as on the H200 VM this was checked on (kernel 6.18 "-gpu"): the class directory exists, no devices
+    (tmp_path / "sys" / "class" / "infiniband").mkdir(parents=True)
+    out = collect(tmp_path)
+    assert [(r.name, r.value) for r in out] == [("kvscope_host_input_errors_total", 0.0)]
