@@ -36,7 +36,10 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     agent.start()
     enabled = [j.name for j in agent.scheduler.jobs]
-    where = f" on {config.exporters.prometheus.listen}/metrics" if agent.server else ""
+    where = ""
+    if agent.server is not None:
+        host = config.exporters.prometheus.listen.rpartition(":")[0]
+        where = f" on {host}:{agent.server.port}/metrics"
     log.info("kvscope %s running%s; collectors: %s", __version__, where, ", ".join(enabled) or "none")
     stop.wait()
     agent.stop()

@@ -95,8 +95,8 @@ def parse_listen(path: str, text: str) -> tuple[str, int]:
     if not sep or not port_text.isdigit():
         raise ConfigError(f"{path}: expected HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT}), got {text!r}")
     port = int(port_text)
-    if not 0 < port < 65536:
-        raise ConfigError(f"{path}: port must be 1..65535, got {port}")
+    if not 0 <= port < 65536:
+        raise ConfigError(f"{path}: port must be 0..65535 (0 = any free port), got {port}")
     return host.strip("[]") or "0.0.0.0", port
 
 

@@ -2,8 +2,10 @@
 
 A reading names a catalogued metric and gives its label values in the catalogue's label order
 (a tuple, not a dict: this is the hot path of every collection cycle). Counters are the source's
-own cumulative totals; the store turns them into monotonic totals, so a collector never computes
-deltas and a source that restarts can never produce a negative rate.
+own cumulative totals; the store turns them into monotonic totals, so a collector does not compute
+deltas and a source that restarts can never produce a negative rate. (The exception is a source
+counter that wraps faster than the collection interval, such as NVML's 32-bit PCIe byte counters:
+its collector polls and unwraps it on its own and reports the unwrapped total.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class Sample:
     labels: LabelValues
     value: float
     # For counters of known width (e.g. 32-bit kernel fields) a decrease is a wrap, not a reset.
-    wrap_modulus: int | None = None
+    wrap_modulus: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,9 @@ class MetricsServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             server_version = "kvscope"
+            # Headers and body go out in separate writes; with Nagle on, a keep-alive scraper's delayed
+            # ACK would hold every body back ~40 ms.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("%s " + format, self.address_string(), *args)

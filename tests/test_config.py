@@ -57,7 +57,7 @@ def test_env_overrides_take_toml_values() -> None:
         ("[agent]\ninterval = 'fast'\n", "agent.interval: expected a number, got 'fast'"),
         ("[agent]\ninterval = -1\n", "agent.interval: must be > 0"),
         ("[agent]\nlog_level = 'loud'\n", "agent.log_level: expected one of 'debug', 'info'"),
-        ("[exporters.prometheus]\nlisten = '0.0.0.0:99999'\n", "exporters.prometheus.listen: port must be 1..65535"),
+        ("[exporters.prometheus]\nlisten = '0.0.0.0:99999'\n", "exporters.prometheus.listen: port must be 0..65535"),
         ("[exporters.prometheus]\nlisten = 'nohost'\n", "exporters.prometheus.listen: expected HOST:PORT"),
         ("[collectors.nope]\nenabled = true\n", "collectors.nope: unknown collector (allowed: probe)"),
         ("[collectors.probe]\nenabled = true\n", "collectors.probe.urls: at least one URL"),
@@ -84,7 +84,7 @@ def test_disabled_collector_options_still_reject_unknown_keys_but_skip_validatio
     ("text", "needle"),
     [
         ("[agent]\nbogus = 1\n", "agent.bogus: unknown key"),
-        ("[exporters.prometheus]\nlisten = '1.2.3.4:0'\n", "port must be 1..65535"),
+        ("[exporters.prometheus]\nlisten = '1.2.3.4:70000'\n", "port must be 0..65535"),
         ("[agent]\nhistory = 'many'\n", "agent.history: expected an integer"),
     ],
 )
