@@ -1,0 +1,42 @@
+"""Regenerates the README's generated sections (collectors, metric reference) from the code.
+
+Run `.venv/bin/python scripts/gen_readme.py`; `tests/test_readme.py` fails while the README is stale.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent.runtime import build_catalogue  # noqa: E402
+from collectors.registry import collector_specs  # noqa: E402
+
+
+def collectors_table() -> str:
+    rows = ["| collector | on by default | what it reads |", "|---|---|---|"]
+    for name, spec in collector_specs().items():
+        rows.append(f"| `{name}` | {'yes' if spec.enabled_by_default else 'no'} | {spec.description} |")
+    return "\n".join(rows) + "\n"
+
+
+def render(readme: str) -> str:
+    sections = {"collectors": collectors_table(), "metrics": build_catalogue().markdown()}
+    for name, body in sections.items():
+        pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+        if not pattern.search(readme):
+            raise SystemExit(f"README.md has no <!-- {name}:begin/end --> markers")
+        readme = pattern.sub(lambda m, b=body: m.group(1) + b + m.group(2), readme)
+    return readme
+
+
+def main() -> None:
+    path = ROOT / "README.md"
+    path.write_text(render(path.read_text()))
+
+
+if __name__ == "__main__":
+    main()
