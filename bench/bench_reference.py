@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.reference.blockfile import PAGE, direct_io_supported
-from agent.reference.blocks import chain_blocks
+from agent.reference.blocks import BlockId, chain_blocks
 from agent.reference.geometry import preset
 from agent.reference.pools import MemoryPool
 from agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
@@ -62,7 +62,7 @@ def store_for(directory: Path, n: int, block_bytes: int, direct: bool, g2: int) 
     return TieredStore(BLOCK_TOKENS, block_bytes, specs, rec), rec
 
 
-def fill(store: TieredStore, n: int) -> list:
+def fill(store: TieredStore, n: int) -> list[BlockId]:
     blocks = chain_blocks(np.arange(n * BLOCK_TOKENS) % 50_000, BLOCK_TOKENS)
     for b in blocks:
         store.put_computed(b)
@@ -70,7 +70,7 @@ def fill(store: TieredStore, n: int) -> list:
     return blocks
 
 
-def pipeline_fetch(store: TieredStore, rec: Recorder, blocks: list, src: Tier) -> tuple[float, float]:
+def pipeline_fetch(store: TieredStore, rec: Recorder, blocks: list[BlockId], src: Tier) -> tuple[float, float]:
     """(GB/s of the src → host hop per transfer timing, GB/s of the whole fetch wall time per block bytes)."""
     rec.transfers.clear()
     tiers = store.lookup(blocks)
