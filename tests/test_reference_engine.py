@@ -33,7 +33,8 @@ class Running:
     def __init__(self, tmp: Path, **overrides: object) -> None:
         self.exporter = InMemorySpanExporter()
         cfg = EngineConfig.seeds_g4(tmp, geometry=TINY, block_tokens=16, g1_blocks=64, time_scale=0.05,
-                                    default_max_tokens=4, truth_path=tmp / "truth.jsonl", **overrides)
+                                    default_max_tokens=4, truth_path=tmp / "truth.jsonl",
+                                    **{"write_behind_blocks": 0, **overrides})
         self.engine = Engine(cfg, tracer=RequestTracer("", exporter=self.exporter))
         self.server = ReferenceServer(self.engine)
         self.engine.start()

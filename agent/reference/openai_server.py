@@ -70,6 +70,7 @@ def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "kvscope-reference"
+        disable_nagle_algorithm = True  # each SSE chunk is a small write: Nagle + delayed ACK would hold it ~40 ms
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s " + format, self.address_string(), *args)
