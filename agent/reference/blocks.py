@@ -35,7 +35,7 @@ def chain_blocks(token_ids: Sequence[int] | np.ndarray, block_tokens: int) -> li
         chunk = tokens[start:start + block_tokens]
         digest = hashlib.sha256(digest + chunk.astype("<i8").tobytes()).digest()
         key = int.from_bytes(digest, "big") & KEY_MASK
-        out.append(BlockId(key, parent, tuple(int(t) for t in chunk)))
+        out.append(BlockId(key, parent, tuple(chunk.tolist())))  # Python ints, 10x faster than int() each
         parent = key
     return out
 

@@ -281,7 +281,7 @@ class Engine:
         if self.tracer is not None:
             self.tracer.record(req.headers, int(tr.arrival_ts * 1e9), int(tr.finished_ts * 1e9), span_attributes(
                 req.request_id, tr.ttft_s, tr.e2e_s, tr.queue_s, tr.prefill_s, tr.decode_s, tr.prompt_tokens,
-                tr.completion_tokens, req.max_tokens, req.temperature, req.top_p))
+                tr.completion_tokens, req.max_tokens, req.temperature, req.top_p, reused, tr.fetch_total_s))
         req.out.put(("done", tr.finish_reason))
 
     def _device(self, seconds: float, work: Callable[[], object] | None = None) -> tuple[float, float]:

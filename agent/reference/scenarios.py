@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from agent.reference.truth import RequestTruth
 
 @contextmanager
 def running_engine(config: EngineConfig) -> Iterator[Engine]:
+    """The default engine factory; `kvscope selftest` passes one that also attaches the agent."""
     engine = Engine(config)
     engine.start()
     try:
@@ -53,13 +54,17 @@ class SweepRow:
         return self.cold.ttft_s / self.warm.ttft_s if self.warm.ttft_s else 0.0
 
 
-def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0) -> list[SweepRow]:
+EngineFactory = Callable[[EngineConfig], AbstractContextManager[Engine]]
+
+
+def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
+               engine_factory: EngineFactory = running_engine) -> list[SweepRow]:
     bt = base.block_tokens
     config = replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
                      g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
     rng = np.random.default_rng(seed)
     rows = []
-    with running_engine(config) as engine:
+    with engine_factory(config) as engine:
         engine.clear_cache()
         for n in lengths:
             tokens = _prompt(rng, n)
@@ -129,7 +134,7 @@ def _drive(engine: Engine, order: list[list[int]], concurrency: int,
 
 
 def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
-                   seed: int = 0) -> tuple[LoadResult, LoadResult]:
+                   seed: int = 0, engine_factory: EngineFactory = running_engine) -> tuple[LoadResult, LoadResult]:
     rng = np.random.default_rng(seed)
     pool = [_prompt(rng, prompt_tokens) for _ in range(prompts)]
     order = [pool[i % prompts] for i in range(requests)]
@@ -140,7 +145,7 @@ def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency:
     baseline = replace(cached, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
     results = []
     for label, config in (("G4 cache", cached), ("recompute", baseline)):
-        with running_engine(config) as engine:
+        with engine_factory(config) as engine:
             engine.clear_cache()
             seconds, truths = _drive(engine, order, concurrency)
         results.append(LoadResult(label, requests, seconds, truths))

@@ -182,6 +182,8 @@ class TieredStore:
         """Brings the looked-up leading blocks into G1 (pinned until release)."""
         with self.lock:
             result = FetchResult()
+            # pinned first: bringing one block up may evict (G1/G2 room, a cascade) another of this prefix
+            self.pinned.update(b.key for b in blocks)
             for b, tier in zip(blocks, tiers, strict=False):
                 moved = self._bring_to_g1(b, tier, result)
                 if moved is None:

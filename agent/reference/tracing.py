@@ -50,7 +50,8 @@ class RequestTracer:
 
 def span_attributes(request_id: str, ttft: float, e2e: float, queue: float, prefill: float, decode: float,
                     prompt_tokens: int, completion_tokens: int, max_tokens: int,
-                    temperature: float | None, top_p: float | None) -> dict[str, Any]:
+                    temperature: float | None, top_p: float | None, cached_tokens: int | None = None,
+                    fetch_seconds: float | None = None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.request.id": request_id,
         "gen_ai.latency.time_to_first_token": ttft,
@@ -67,4 +68,9 @@ def span_attributes(request_id: str, ttft: float, e2e: float, queue: float, pref
                        ("gen_ai.request.top_p", top_p), ("gen_ai.request.n", 1)):
         if value:
             attrs[key] = value
+    # kvscope's own (vLLM's span has no reuse or load time): what the otlp_traces receiver reads
+    if cached_tokens is not None:
+        attrs["kvscope.kv.cached_tokens"] = cached_tokens
+    if fetch_seconds is not None:
+        attrs["kvscope.kv.fetch_seconds"] = fetch_seconds
     return attrs
