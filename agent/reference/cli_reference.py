@@ -113,6 +113,19 @@ def _shared_prompts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _noisy_neighbour(args: argparse.Namespace) -> int:
+    from agent.reference.noise import NoiseSpec, format_noisy, run_noisy_neighbour
+    from agent.reference.scenarios import data_dir
+
+    spec = NoiseSpec(threads=args.noise_threads, mode=args.noise_mode, io_bytes=parse_size(args.noise_io),
+                     file_bytes=parse_size(args.noise_file), bytes_per_second=parse_size(args.noise_rate))
+    with data_dir(args.data_dir) as d:
+        result = run_noisy_neighbour(_scenario_base(args, d), args.requests, args.prompts, args.concurrency,
+                                     args.prompt_tokens, spec, args.seed)
+    sys.stdout.write(format_noisy(result))
+    return 0
+
+
 def add_reference_commands(sub: Any) -> None:
     ref = sub.add_parser("reference", help="the reference tier pipeline (engine, scenarios)")
     ref_sub = ref.add_subparsers(dest="reference_command", required=True)
@@ -144,3 +157,17 @@ def add_reference_commands(sub: Any) -> None:
     shared.add_argument("--seed", type=int, default=0)
     shared.add_argument("--json", type=Path, help="write both runs with their truth records here")
     shared.set_defaults(func=_shared_prompts)
+    noisy = scen_sub.add_parser("noisy-neighbour", help="shared prompts quiet, then with competing I/O on G4's "
+                                "device, the agent attached (docs/analyze.md)")
+    _engine_args(noisy, g1="0", g4="0")
+    noisy.add_argument("--requests", type=int, default=24)
+    noisy.add_argument("--prompts", type=int, default=6)
+    noisy.add_argument("--concurrency", type=int, default=2)
+    noisy.add_argument("--prompt-tokens", type=int, default=2048)
+    noisy.add_argument("--seed", type=int, default=0)
+    noisy.add_argument("--noise-threads", type=int, default=4, help="competing I/O streams (default 4)")
+    noisy.add_argument("--noise-mode", choices=("read", "write", "mixed"), default="read")
+    noisy.add_argument("--noise-io", default="4MiB", help="bytes per competing I/O (default 4MiB)")
+    noisy.add_argument("--noise-file", default="512MiB", help="size of the competing file beside G4")
+    noisy.add_argument("--noise-rate", default="0", help="cap on the competing traffic per second (0: none)")
+    noisy.set_defaults(func=_noisy_neighbour)

@@ -1,0 +1,110 @@
+"""Noisy neighbour: the competing-I/O injector, the agent's configuration, and the scenario with the agent
+attached — TTFT grows through fetch, and the contention signal is raised with noise and never without.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from agent.reference.engine import EngineConfig
+from agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, block_device_of, run_noisy_neighbour
+from collectors.registry import collector_specs
+
+MIB = 1 << 20
+
+
+def test_block_device_of_resolves_a_partition_to_its_disk(tmp_path: Path) -> None:
+    dev = os.stat(tmp_path).st_dev
+    sys_root = tmp_path / "sys"
+    part = sys_root / "devices" / "virtual" / "block" / "nvme0n1" / "nvme0n1p2"
+    part.mkdir(parents=True)
+    (part / "partition").write_text("2\n")
+    (sys_root / "dev" / "block").mkdir(parents=True)
+    (sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(part)
+    assert block_device_of(tmp_path, str(sys_root)) == "nvme0n1"
+    part.joinpath("partition").unlink()  # a whole disk is its own name
+    assert block_device_of(tmp_path, str(sys_root)) == "nvme0n1p2"
+
+
+def test_block_device_of_without_a_block_device(tmp_path: Path) -> None:
+    assert block_device_of(tmp_path, str(tmp_path / "empty-sys")) is None
+
+
+@pytest.mark.parametrize("mode", ["read", "write", "mixed"])
+def test_injector_moves_bytes_and_stops(tmp_path: Path, mode: str) -> None:
+    spec = NoiseSpec(threads=2, mode=mode, io_bytes=MIB, file_bytes=8 * MIB)  # type: ignore[arg-type]
+    injector = NoiseInjector(tmp_path, spec)
+    with injector:
+        time.sleep(0.2)
+    assert injector.errors == []
+    moved = injector.bytes_moved
+    assert moved > 0 and moved % MIB == 0
+    assert (injector.bytes_read > 0) == (mode != "write")
+    assert (injector.bytes_written > 0) == (mode != "read")
+    time.sleep(0.05)
+    assert injector.bytes_moved == moved  # the threads are gone
+    assert injector.path.stat().st_size == 8 * MIB  # writes stay inside the file
+
+
+def test_injector_respects_its_cap(tmp_path: Path) -> None:
+    cap = 8 * MIB  # bytes/s over both threads
+    injector = NoiseInjector(tmp_path, NoiseSpec(threads=2, io_bytes=MIB, file_bytes=8 * MIB, bytes_per_second=cap))
+    injector.prepare()
+    with injector:
+        time.sleep(0.5)
+    elapsed = (injector.stopped_at or 0) - (injector.started_at or 0)
+    # each thread may be one I/O ahead of its pace when stopped
+    assert 0 < injector.bytes_moved <= cap * elapsed + 2 * MIB
+
+
+def test_spec_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        NoiseSpec(io_bytes=1000)
+    with pytest.raises(ValueError):
+        NoiseSpec(threads=4, io_bytes=MIB, file_bytes=2 * MIB)
+
+
+def test_agent_config_binds() -> None:
+    config = load_config(agent_toml("http://127.0.0.1:1/metrics", "vda"), collector_specs(), environ={})
+    enabled = {name for name, (settings, _) in config.collectors.items() if settings.enabled}
+    assert enabled == {"vllm", "disk", "correlation"}
+    vllm, disk, corr = (config.collectors[n][1] for n in ("vllm", "disk", "correlation"))
+    assert vllm.engine == "reference" and vllm.cache_hit_source_tiers["external_unspecified"] == "G4"
+    assert disk.include == ["vda"]
+    assert corr.paths == {"G4": ['kvscope_disk_read_bytes_total{device="vda"}',
+                                 'kvscope_disk_written_bytes_total{device="vda"}']}
+
+
+def test_noise_slows_fetch_and_raises_the_signal_only_with_noise(tmp_path: Path) -> None:
+    if block_device_of(tmp_path) is None:
+        pytest.skip(f"{tmp_path} is not on a block device the disk collector can see")
+    base = EngineConfig.seeds_g4(tmp_path / "engine", g1_blocks=1, g4_blocks=0, default_max_tokens=4)
+    # Concurrency 1: the engine has one device slot, so with more clients the slower fetch of one request
+    # also shows as queue time of the next; alone, the TTFT increase is the fetch's own.
+    r = run_noisy_neighbour(base, requests=16, prompts=4, concurrency=1, prompt_tokens=2048,
+                            noise=NoiseSpec(threads=4, file_bytes=512 * MIB))
+    quiet, noisy = r.quiet_view, r.noisy_view
+    assert quiet.requests == noisy.requests == 16  # the agent saw every request of each run
+    assert r.noise_bytes > 0
+    # the contention signal: never in a quiet window, in most windows with noise
+    assert len(quiet.windows) >= 5 and quiet.raised == 0
+    fetching = [w for w in noisy.windows if w.fetch_bps is not None]
+    assert noisy.raised >= max(1, len(fetching) // 2)
+    # what the signal exports, where it was raised
+    for w in noisy.windows:
+        if w.noisy_neighbour == 1.0:
+            assert w.bandwidth_drop is not None and w.bandwidth_drop >= 0.2
+            assert w.non_kv_share is not None and w.non_kv_share > 0.25
+    # the agent puts the TTFT increase on fetch
+    d_ttft = noisy.ttft / noisy.requests - quiet.ttft / quiet.requests
+    d_fetch = (noisy.components["fetch"] - quiet.components["fetch"]) / 16
+    assert d_ttft > 0
+    assert d_fetch >= 0.7 * d_ttft
+    assert noisy.fetch_share > quiet.fetch_share
+    assert noisy.g4_bytes / noisy.g4_seconds < 0.8 * quiet.g4_bytes / quiet.g4_seconds
+    assert r.noisy.rps < r.quiet.rps
