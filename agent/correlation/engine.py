@@ -18,7 +18,7 @@ import itertools
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from agent import contract
@@ -49,6 +49,10 @@ from agent.tiers import Tier, link
 from collectors.base import CollectorContext, CollectorSpec
 
 Key = tuple[str, str, str]  # engine, model, dp_rank
+# Queue and prefill time are observed when a request finishes, its fetch while it runs: a fetch that does
+# not fit this window's phase is carried into the next windows (until its request finishes) for at most
+# this many windows before it counts as fetch_overflow.
+FETCH_CARRY_WINDOWS = 60
 BELOW_G1 = (Tier.G2.value, Tier.G3.value, Tier.G4.value, Tier.UNATTRIBUTED.value)
 
 
@@ -143,6 +147,7 @@ class CorrelationEngine:
         self._tiers: dict[tuple[Key, str], TierFetchModel] = {}
         self._token_bytes: dict[Key, list[float]] = defaultdict(lambda: [0.0, 0.0])  # bytes, tokens
         self._reused_per_request: dict[Key, float] = {}
+        self._fetch_carry: dict[Key, tuple[float, int]] = {}  # fetch waiting for its phase, windows waited
         self._selectors = {t: [parse_selector(s) for s in sel] for t, sel in options.paths.items()}
         self._baselines: dict[str, deque[signals.PathWindow]] = defaultdict(
             lambda: deque(maxlen=options.baseline_windows))
@@ -233,15 +238,20 @@ class CorrelationEngine:
             assert ttft is not None
             queue = self._hist_sum(contract.QUEUE_SECONDS, labels)
             prefill = self._hist_sum(contract.PREFILL_SECONDS, labels)
+            carried, waited = self._fetch_carry.pop(key, (0.0, 0))
             totals = WindowTotals(ttft[0], None if queue is None else queue[0],
-                                  None if prefill is None else prefill[0], fetch[key] if key in has_fetch else None)
+                                  None if prefill is None else prefill[0],
+                                  fetch[key] + carried if key in has_fetch else None)
             reused = sum(self._deltas.step(("reuse", lab), v, from_zero=False) for lab, v in hits.items()
                          if lab[:3] == labels and lab[3] in BELOW_G1)
             if ttft[1] > 0:
                 self._reused_per_request[key] = reused / ttft[1]
-            if ttft[1] == 0 and ttft[0] == 0 and not fetch[key]:
+            if ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried:
                 continue
             attribution = attribute_window(totals, self._fetch_inside(key[0]))
+            if attribution.fetch_overflow > 0 and waited < FETCH_CARRY_WINDOWS:
+                self._fetch_carry[key] = (attribution.fetch_overflow, waited + 1)
+                attribution = replace(attribution, fetch_overflow=0.0)
             self._add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
