@@ -92,8 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
     catalogue.set_defaults(func=_catalogue)
     from agent.reference.cli import add_commands
+    from agent.selftest.cli import add_commands as add_selftest_commands
 
     add_commands(sub)
+    add_selftest_commands(sub)
+    from agent.analyze.cli import add_analyze_command
+
+    add_analyze_command(sub)
     return parser
 
 

@@ -1,0 +1,117 @@
+"""PNG charts of a Report (matplotlib, Agg backend: no display needed). matplotlib is the `analyze` extra."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent.analyze.build import Report
+from agent.analyze.inputs import COMPONENTS
+
+COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "prefill": "#2e86ab", "other": "#f3a712"}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def ttft_by_length(report: Report, path: Path, baseline: Report | None = None) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    cold = [(n, t * 1e3) for n, t, share in report.scatter if share == 0]
+    warm = [(n, t * 1e3, share) for n, t, share in report.scatter if share > 0]
+    if cold:
+        ax.scatter(*zip(*cold, strict=True), s=16, c="#2e86ab", label="cold (no cached tokens)")
+    if warm:
+        points = ax.scatter([w[0] for w in warm], [w[1] for w in warm], s=16, c=[w[2] for w in warm],
+                            cmap="autumn_r", vmin=0, vmax=1, label="warm (colour: cached share)")
+        fig.colorbar(points, ax=ax, label="cached share of the prompt")
+    if baseline is not None:
+        ax.scatter([n for n, _, _ in baseline.scatter], [t * 1e3 for _, t, _ in baseline.scatter], s=10,
+                   marker="x", c="#555555", label="baseline (recompute)")
+    for i, b in enumerate(report.bins):  # a segment over the prompts each bin holds
+        inside = [n for n, _, _ in report.scatter if b.low <= n < b.high]
+        ax.hlines(b.ttft_mean * 1e3, min(inside), max(inside), colors="k", linestyles="--", lw=1,
+                  label="mean per power-of-two length bin" if i == 0 else None)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("TTFT (ms, client side)")
+    ax.set_title("TTFT by prompt length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def ttft_split(report: Report, path: Path) -> None:
+    """Per-request stacked bars (recording), and the aggregate shares beside them."""
+    plt = _pyplot()
+    fig, (ax, agg) = plt.subplots(1, 2, figsize=(9, 4.2), dpi=110, gridspec_kw={"width_ratios": [4, 1]})
+    rows = report.per_request
+    if rows:
+        x = list(range(len(rows)))
+        bottom = [0.0] * len(rows)
+        for k in COMPONENTS:
+            heights = [(p[k] or 0.0) * 1e3 for p in rows]
+            ax.bar(x, heights, bottom=bottom, color=COLOURS[k], label=k, width=0.85)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_xlabel("request (by arrival)")
+        ax.set_title("TTFT split per request (kvscope recording)")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no recording given (--recording)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("ms")
+    ax.grid(axis="y", alpha=0.3)
+    splits = [s for s in (report.server_split, report.split) if s is not None]
+    for i, split in enumerate(splits):
+        bottom_share = 0.0
+        for k in COMPONENTS:
+            share = split.components.get(k, 0.0) / split.ttft if split.ttft else 0.0
+            agg.bar(i, share * 100, bottom=bottom_share, color=COLOURS[k], width=0.7)
+            bottom_share += share * 100
+    agg.set_xticks(range(len(splits)), ["server\nmetrics" if s.source == "server metrics" else "recording"
+                                        for s in splits], fontsize=7)
+    agg.set_ylim(0, 100)
+    agg.set_ylabel("% of TTFT")
+    agg.set_title("aggregate", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def link_bytes(report: Report, path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=110)
+    links = sorted({k for _, v in report.timeline for k, b in v.items() if b > 0})
+    for link in links:
+        ax.step([t for t, _ in report.timeline], [v.get(link, 0.0) / 1e9 for _, v in report.timeline],
+                where="post", label=link)
+    ax.set_xlabel("seconds since the first request")
+    ax.set_ylabel("GB moved (cumulative)")
+    ax.set_title("KV bytes per link (engine /metrics, AIPerf's scrapes)")
+    ax.grid(alpha=0.3)
+    if links:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_charts(report: Report, out: Path, baseline: Report | None = None) -> list[str]:
+    """The PNG files written into `out` (names relative to it); [] when matplotlib is missing."""
+    try:
+        _pyplot()
+    except ImportError:
+        return []
+    names = ["ttft_by_prompt_length.png", "ttft_split.png"]
+    ttft_by_length(report, out / names[0], baseline)
+    ttft_split(report, out / names[1])
+    if report.timeline:
+        names.append("link_bytes.png")
+        link_bytes(report, out / names[2])
+    return names

@@ -1,0 +1,146 @@
+"""What `kvscope analyze` reads, as pure functions of text: AIPerf's exports and kvscope's per-request JSONL.
+
+- `profile_export.jsonl`: parsed by collectors/aiperf.py (one record per request).
+- `profile_export_aiperf.json`: AIPerf's own aggregates (`request_throughput.avg`, `time_to_first_token`...),
+  optional, shown beside our figures.
+- `server_metrics_export.jsonl`: one scrape of the engine's /metrics per line. In AIPerf 0.13.0's real output
+  (tests/fixtures/aiperf_live) metric keys are *family* names — a counter is `vllm:prompt_tokens`, not
+  `vllm:prompt_tokens_total` — with no type, and a histogram entry is `{"labels", "buckets": {le: cumulative},
+  "sum", "count"}` (`"+Inf"` included). `scan_of` turns one scrape back into the exposed sample names the
+  vLLM normaliser (collectors/vllm_map.py) reads, so the same tables map it to the kvscope contract: a scalar
+  family is offered both as `name` and `name_total` (only one of them can match a rule: counter rules end in
+  `_total`, gauge rules do not); `"histogram"` is accepted as a synonym of `"buckets"` (AIPerf's docs).
+- the correlation engine's `requests_jsonl` output (agent/correlation/output.py): one attributed request per
+  line.
+Bad lines and entries are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from collectors.exposition_scan import ScanResult
+
+COMPONENTS = ("queue", "fetch", "prefill", "other")
+
+
+@dataclass(slots=True)
+class Scrape:
+    timestamp_ns: int
+    phase: str
+    scan: ScanResult
+
+
+@dataclass(slots=True)
+class Scrapes:
+    scrapes: list[Scrape] = field(default_factory=list)
+    bad_lines: int = 0
+    bad_entries: int = 0
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _le(text: str) -> str:
+    """Bucket bound as the exposition format writes it ('+Inf', '0.25')."""
+    bound = float(text)
+    return "+Inf" if bound == math.inf else repr(bound)
+
+
+def scan_of(metrics: dict[str, Any]) -> tuple[ScanResult, int]:
+    """One scrape's `metrics` object as exposed samples; the number of entries that could not be read."""
+    out = ScanResult()
+    bad = 0
+
+    def add(name: str, labels: dict[str, str], value: float) -> None:
+        out.samples.setdefault(name, []).append((labels, value))
+
+    for family, entries in metrics.items():
+        for raw in entries if isinstance(entries, list) else [entries]:
+            try:
+                labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
+                buckets = raw.get("buckets", raw.get("histogram"))
+                if isinstance(buckets, dict):
+                    for le, count in buckets.items():
+                        add(f"{family}_bucket", {**labels, "le": _le(le)}, _number(count))
+                    add(f"{family}_sum", labels, _number(raw["sum"]))
+                    add(f"{family}_count", labels, _number(raw["count"]))
+                elif "summary" in raw:
+                    continue  # no rule reads summaries
+                else:
+                    value = _number(raw["value"])
+                    add(family, labels, value)
+                    if not family.endswith("_total"):
+                        add(f"{family}_total", labels, value)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                bad += 1
+    return out, bad
+
+
+def parse_scrapes(text: str) -> Scrapes:
+    out = Scrapes()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            metrics, ts = data["metrics"], data["timestamp_ns"]
+            if not isinstance(metrics, dict) or isinstance(ts, bool) or not isinstance(ts, int):
+                raise ValueError("metrics must be an object and timestamp_ns an integer")
+        except (ValueError, KeyError, TypeError):
+            out.bad_lines += 1
+            continue
+        scan, bad = scan_of(metrics)
+        out.bad_entries += bad
+        out.scrapes.append(Scrape(ts, str(data.get("benchmark_phase") or ""), scan))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One line of kvscope's per-request attribution JSONL."""
+
+    request_id: str
+    arrival: float
+    ttft: float
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    components: dict[str, float]
+    methods: dict[str, str]
+    ttft_without_cache: float | None
+
+
+@dataclass(slots=True)
+class Recording:
+    requests: list[RecordedRequest] = field(default_factory=list)
+    bad_lines: int = 0
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def parse_recording(text: str) -> Recording:
+    out = Recording()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            parts = data["components"]
+            components = {k: float(v["seconds"]) for k, v in parts.items() if v.get("seconds") is not None}
+            methods = {k: str(v.get("method", "")) for k, v in parts.items()}
+            without = data.get("ttft_without_cache")
+            out.requests.append(RecordedRequest(
+                str(data["request_id"]), float(data["arrival"]), float(data["ttft"]),
+                _optional_int(data.get("prompt_tokens")), _optional_int(data.get("cached_tokens")),
+                components, methods, float(without) if isinstance(without, int | float) else None))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            out.bad_lines += 1
+    return out
