@@ -1,0 +1,213 @@
+"""Truth against measurement: the same figures from both sides, compared with stated tolerances.
+
+`truth_figures` reads the engine's side of a RunCapture, `measured_figures` the agent's (its /metrics
+exposition and the correlation engine's per-request lines); `compare` is a pure function of the two,
+so a test can feed it a doctored truth and watch the verdict fail.
+
+Tolerances, and why:
+- counts (tokens, bytes, blocks, requests): exact. Both sides count the same integers; the agent
+  carries them as floats, which are exact below 2^53.
+- TTFT sum: relative 1e-9. The engine observes each TTFT into vLLM's histogram (a float sum), the
+  exposition prints it exactly (Go's shortest repr), and the store adds differences of cumulative sums
+  once per scrape: each addition can round by one ulp (~1e-16 relative), so even 10^4 scrapes stay
+  below 1e-12. A real loss (a missed request) is at least one TTFT, orders of magnitude above.
+- TTFT components: shares of the aggregate within 5 percentage points (correlation.md §6). The agent
+  gets fetch from transfer seconds, which leave out bookkeeping between the hops, and cannot see the
+  engine's own "other" inside the prefill phase (lookup, hashing): that time lands in its prefill.
+- per request: fetch and prefill each within 10 % of the request's TTFT, for ≥ 90 % of requests.
+- prefill saved: within 10 % of the truth. The agent fits its cost model on measured phases; the
+  engine knows each request's recompute cost from its own model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.selftest.harness import ENGINE_KIND, RunCapture
+from agent.tiers import STORAGE_TIERS
+
+COMPONENTS = ("queue", "fetch", "prefill", "other")
+SHARE_PP = 5.0
+REQUEST_FRACTION_OF_TTFT = 0.10
+REQUESTS_WITHIN = 0.90
+SAVED_RELATIVE = 0.10
+SUM_RELATIVE = 1e-9
+
+
+@dataclass
+class Figures:
+    """One side's view of a run; the same shape for truth and measurement."""
+
+    hit_tokens: dict[str, float] = field(default_factory=dict)  # tier -> tokens
+    link_bytes: dict[str, float] = field(default_factory=dict)  # "src->dst" -> bytes
+    resident_blocks: dict[str, float] = field(default_factory=dict)  # tier -> blocks (NaN: not exported)
+    requests: float = 0.0
+    ttft_count: float = 0.0
+    ttft_sum: float = 0.0
+    lookup_tokens: float = 0.0
+    computed_tokens: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)  # seconds summed over requests
+    per_request: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # id -> ttft, fetch, prefill
+    prefill_saved: float = 0.0  # net seconds (saved − lost) over requests that reused tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    run: str
+    quantity: str
+    truth: float
+    measured: float
+    error: float
+    tolerance: str
+    passed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {"run": self.run, "quantity": self.quantity, "truth": num(self.truth),
+                "measured": num(self.measured), "error": num(self.error), "tolerance": self.tolerance,
+                "passed": self.passed}
+
+
+def truth_figures(run: RunCapture) -> Figures:
+    f = Figures()
+    for t in run.truths:
+        for tier, tokens in t.tokens_by_tier.items():
+            f.hit_tokens[tier] = f.hit_tokens.get(tier, 0.0) + tokens
+        f.ttft_sum += t.ttft_s
+        f.lookup_tokens += t.prompt_tokens
+        f.computed_tokens += t.computed_tokens
+        for name, seconds in zip(COMPONENTS, (t.queue_s, t.fetch_total_s, t.prefill_compute_s, t.other_s),
+                                 strict=True):
+            f.components[name] = f.components.get(name, 0.0) + seconds
+        f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s)
+        if t.tokens_by_tier:
+            f.prefill_saved += t.recompute_s - (t.prefill_compute_s + t.fetch_total_s)
+    f.requests = f.ttft_count = float(len(run.truths))
+    f.link_bytes = {k: float(v) for k, v in run.link_bytes.items()}
+    f.resident_blocks = {k: float(v) for k, v in run.resident.items()}
+    return f
+
+
+def engine_samples(exposition: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            if s.labels.get("engine", ENGINE_KIND) == ENGINE_KIND:
+                yield s.name, s.labels, float(s.value)
+
+
+def measured_figures(run: RunCapture) -> Figures:
+    f = Figures()
+    f.resident_blocks = {str(t): math.nan for t in STORAGE_TIERS}  # absent = residency not known
+    saved = lost = 0.0
+    for name, labels, value in engine_samples(run.exposition):
+        if name == "kvscope_kv_hit_tokens_total":
+            f.hit_tokens[labels["tier"]] = f.hit_tokens.get(labels["tier"], 0.0) + value
+        elif name == "kvscope_kv_transfer_bytes_total":
+            link = f"{labels['src']}->{labels['dst']}"
+            f.link_bytes[link] = f.link_bytes.get(link, 0.0) + value
+        elif name == "kvscope_kv_resident_blocks":
+            f.resident_blocks[labels["tier"]] = value
+        elif name == "kvscope_ttft_seconds_count":
+            f.ttft_count += value
+        elif name == "kvscope_ttft_seconds_sum":
+            f.ttft_sum += value
+        elif name == "kvscope_kv_lookup_tokens_total":
+            f.lookup_tokens += value
+        elif name == "kvscope_kv_computed_tokens_total":
+            f.computed_tokens += value
+        elif name == "kvscope_ttft_attributed_seconds_total":
+            c = labels["component"]
+            f.components[c] = f.components.get(c, 0.0) + value
+        elif name == "kvscope_requests_attributed_total":
+            f.requests += value
+        elif name == "kvscope_prefill_saved_seconds_total":
+            saved += value
+        elif name == "kvscope_prefill_lost_seconds_total":
+            lost += value
+    f.prefill_saved = saved - lost
+    for line in run.requests:
+        parts = line.get("components", {})
+
+        def seconds(component: str, parts: dict[str, Any] = parts) -> float:
+            value = (parts.get(component) or {}).get("seconds")
+            return math.nan if value is None else float(value)
+
+        f.per_request[str(line["request_id"])] = (float(line["ttft"]), seconds("fetch"), seconds("prefill"))
+    return f
+
+
+def _exact(run: str, quantity: str, truth: float, measured: float) -> Check:
+    error = measured - truth
+    return Check(run, quantity, truth, measured, error, "exact", error == 0)
+
+
+def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
+    out: list[Check] = []
+    for tier in sorted(set(truth.hit_tokens) | set(measured.hit_tokens)):
+        t, m = truth.hit_tokens.get(tier, 0.0), measured.hit_tokens.get(tier, 0.0)
+        if t or m:
+            out.append(_exact(run, f"hit tokens {tier}", t, m))
+    for link in sorted(set(truth.link_bytes) | set(measured.link_bytes)):
+        t, m = truth.link_bytes.get(link, 0.0), measured.link_bytes.get(link, 0.0)
+        if t or m:
+            out.append(_exact(run, f"bytes {link}", t, m))
+    for tier in sorted(truth.resident_blocks):
+        out.append(_exact(run, f"resident blocks {tier}", truth.resident_blocks[tier],
+                          measured.resident_blocks.get(tier, math.nan)))
+    out.append(_exact(run, "requests attributed (spans)", truth.requests, measured.requests))
+    out.append(_exact(run, "TTFT count", truth.ttft_count, measured.ttft_count))
+    rel = (measured.ttft_sum - truth.ttft_sum) / truth.ttft_sum if truth.ttft_sum else measured.ttft_sum
+    out.append(Check(run, "TTFT sum s", truth.ttft_sum, measured.ttft_sum, rel, f"rel {SUM_RELATIVE:g}",
+                     abs(rel) <= SUM_RELATIVE))
+    out.append(_exact(run, "lookup tokens", truth.lookup_tokens, measured.lookup_tokens))
+    out.append(_exact(run, "computed tokens", truth.computed_tokens, measured.computed_tokens))
+    out.extend(_shares(run, truth, measured))
+    out.extend(_per_request(run, truth, measured))
+    t, m = truth.prefill_saved, measured.prefill_saved
+    err = (m - t) / abs(t) if t else (0.0 if m == 0 else math.inf)
+    out.append(Check(run, "prefill saved s (net)", t, m, err, f"rel {SAVED_RELATIVE:g}", abs(err) <= SAVED_RELATIVE))
+    return out
+
+
+def shares(components: dict[str, float]) -> dict[str, float]:
+    total = sum(components.get(c, 0.0) for c in COMPONENTS)
+    return {c: 100.0 * components.get(c, 0.0) / total if total > 0 else math.nan for c in COMPONENTS}
+
+
+def _shares(run: str, truth: Figures, measured: Figures) -> list[Check]:
+    ts, ms = shares(truth.components), shares(measured.components)
+    out = []
+    for c in COMPONENTS:
+        err = ms[c] - ts[c]
+        out.append(Check(run, f"TTFT share {c} %", ts[c], ms[c], err, f"±{SHARE_PP:g} pp",
+                         abs(err) <= SHARE_PP))
+    return out
+
+
+def _per_request(run: str, truth: Figures, measured: Figures) -> list[Check]:
+    """Fraction of requests whose fetch (and prefill) the agent got within 10 % of their TTFT."""
+    out = []
+    for index, name in ((1, "fetch"), (2, "prefill")):
+        good, worst = 0, 0.0
+        for rid, values in truth.per_request.items():
+            got = measured.per_request.get(rid)
+            error = math.inf if got is None or math.isnan(got[index]) else abs(got[index] - values[index]) / values[0]
+            worst = max(worst, error)
+            good += error <= REQUEST_FRACTION_OF_TTFT
+        n = len(truth.per_request)
+        fraction = good / n if n else math.nan
+        out.append(Check(run, f"requests with {name} within 10% of TTFT", 1.0, fraction, worst,
+                         f"≥ {REQUESTS_WITHIN:.0%} of requests (error: worst, in TTFT)",
+                         n > 0 and fraction >= REQUESTS_WITHIN))
+    return out
+
+
+def check_run(run: RunCapture) -> list[Check]:
+    return compare(run.label, truth_figures(run), measured_figures(run))

@@ -1,0 +1,73 @@
+"""`kvscope selftest` and `kvscope demo`, added to the main parser by `add_commands`.
+
+Heavy modules (numpy, zmq, the engine, matplotlib) are imported in the handlers, so `kvscope --help`
+stays fast and works without the `reference` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    from agent.selftest.report import summary, table, write_json
+    from agent.selftest.runner import run_plans, select
+
+    logging.getLogger().setLevel(logging.WARNING)  # the table is the output; warnings still show
+    rows, meta, _ = run_plans(select(args.scenario), args.workdir)
+    sys.stdout.write(table(rows))
+    sys.stdout.write(summary(rows))
+    if args.json:
+        write_json(args.json, rows, meta)
+    return 0 if all(c.passed for _, c in rows) else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from agent.selftest.demo import run_demo
+    from agent.selftest.plans import SharedPromptsPlan
+
+    logging.getLogger().setLevel(logging.WARNING)
+    plan = SharedPromptsPlan(requests=args.requests, prompts=args.prompts, concurrency=args.concurrency,
+                             prompt_tokens=args.prompt_tokens, block_tokens=args.block_tokens,
+                             time_scale=args.time_scale, model=args.model, seed=args.seed)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def wait() -> None:
+        stop.wait()
+
+    result = run_demo(plan, args.out, lambda line: print(line, flush=True), args.keep_serving, wait)
+    return 0 if result.passed else 1
+
+
+def add_commands(sub: Any) -> None:
+    st = sub.add_parser("selftest", help="run the reference engine with the agent attached; compare with truth")
+    st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "all"), default="shared-prompts",
+                    help="which scenario (default shared-prompts)")
+    st.add_argument("--json", type=Path, help="also write the checks as JSON here")
+    st.add_argument("--workdir", type=Path, help="keep the agent configs, per-request JSONL and G3/G4 files here "
+                    "(default: a temporary directory, removed)")
+    st.set_defaults(func=_selftest)
+    demo = sub.add_parser("demo", help="shared prompts through G1-G4 with the agent attached: progress, both "
+                          "/metrics endpoints, a Markdown + PNG report")
+    demo.add_argument("--out", type=Path, default=Path("kvscope-demo"),
+                      help="output directory (default ./kvscope-demo)")
+    demo.add_argument("--keep-serving", action="store_true",
+                      help="leave the cache run's engine and agent serving /metrics until Ctrl-C")
+    demo.add_argument("--requests", type=int, default=48)
+    demo.add_argument("--prompts", type=int, default=8)
+    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--prompt-tokens", type=int, default=2048)
+    demo.add_argument("--block-tokens", type=int, default=256)
+    demo.add_argument("--time-scale", type=float, default=0.5, help="multiplies compute time (default 0.5)")
+    demo.add_argument("--model", default="", help="KV geometry preset, e.g. gpt-oss-120b (default: a small "
+                      "2 KiB/token geometry, so the demo moves little data)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)

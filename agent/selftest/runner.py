@@ -1,0 +1,61 @@
+"""Runs the selftest's scenarios with the agent attached and turns each engine run into checks."""
+
+from __future__ import annotations
+
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.selftest.checks import Check, check_run
+from agent.selftest.harness import Harness, RunCapture
+from agent.selftest.plans import SharedPromptsPlan, SweepPlan
+
+Plan = SharedPromptsPlan | SweepPlan
+DEFAULT_PLANS: dict[str, Plan] = {
+    # small geometry: real bytes, small files; queueing at concurrency 4 dominates TTFT
+    "shared-prompts": SharedPromptsPlan(),
+    # the seeds' G4 test with gpt-oss-120b's KV geometry (9 MiB blocks) and compute in real time
+    "ttft-sweep": SweepPlan(lengths=(1024, 1536, 2048, 3072, 4096), block_tokens=128, time_scale=2.0,
+                            model="gpt-oss-120b"),
+}
+
+
+def settle_check(run: RunCapture) -> Check:
+    return Check(run.label, "agent settled (error: seconds waited)", 1.0, 1.0 if run.settled else 0.0,
+                 run.settle_seconds, "totals stable before the deadline", run.settled)
+
+
+def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: float = 0.2
+              ) -> tuple[list[tuple[str, Check]], dict[str, Any], dict[str, list[RunCapture]]]:
+    """(scenario, check) rows, run metadata, and the captures per scenario."""
+    rows: list[tuple[str, Check]] = []
+    captures: dict[str, list[RunCapture]] = {}
+    meta: dict[str, Any] = {"kvscope": __version__, "python": platform.python_version(), "scenarios": {}}
+    with tempfile.TemporaryDirectory(prefix="kvscope-selftest-") as tmp:
+        base = workdir or Path(tmp)
+        for name, plan in plans.items():
+            harness = Harness(base / name / "agent", interval=interval)
+            start = time.monotonic()
+            try:
+                plan.run(harness, base / name / "data")
+            finally:
+                harness.close()
+            captures[name] = harness.runs
+            meta["scenarios"][name] = {"plan": asdict(plan), "seconds": round(time.monotonic() - start, 2),
+                                       "runs": {r.label: {"requests": len(r.truths), "disk": r.disk_device,
+                                                          "settle_seconds": round(r.settle_seconds, 2)}
+                                                for r in harness.runs}}
+            for run in harness.runs:
+                rows.append((name, settle_check(run)))
+                rows.extend((name, c) for c in check_run(run))
+    return rows, meta, captures
+
+
+def select(scenario: str) -> dict[str, Plan]:
+    names: Sequence[str] = list(DEFAULT_PLANS) if scenario == "all" else [scenario]
+    return {n: DEFAULT_PLANS[n] for n in names}
