@@ -40,23 +40,23 @@ def render(path: Path, cache: Sequence[RequestPoint], recompute: Sequence[Reques
     left.set_title("TTFT per request, as the agent recorded it")
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
-    left.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    left.legend(loc="lower right", fontsize=8, framealpha=0.9)
 
-    rows = (("agent", agent_shares), ("truth", truth_shares))
-    for y, (_, shares) in enumerate(rows):
-        start = 0.0
-        for c in COMPONENTS:
-            width = shares.get(c, 0.0)
-            right.barh(y, width, left=start, color=COLOURS[c], edgecolor="white",
-                       label=c if y == 0 else None)
-            if width >= 6:
-                right.text(start + width / 2, y, f"{width:.0f}%", ha="center", va="center", fontsize=8)
-            start += width
-    right.set_yticks(range(len(rows)), [name for name, _ in rows])
-    right.set_xlim(0, 100)
+    # grouped bars with their values: queue can dwarf the rest, a stacked bar would hide fetch and other
+    height = 0.38
+    for offset, (name, shares, hatch) in ((-height / 2, ("agent", agent_shares, "")),
+                                           (height / 2, ("truth", truth_shares, "//"))):
+        ys = [i + offset for i in range(len(COMPONENTS))]
+        values = [shares.get(c, 0.0) for c in COMPONENTS]
+        right.barh(ys, values, height=height, color=[COLOURS[c] for c in COMPONENTS], hatch=hatch,
+                   edgecolor="white", label=name)
+        for y, v in zip(ys, values, strict=True):
+            right.text(v + 1, y, f"{name} {v:.1f}%", va="center", fontsize=7)
+    right.set_yticks(range(len(COMPONENTS)), list(COMPONENTS))
+    right.invert_yaxis()
+    right.set_xlim(0, 115)
     right.set_xlabel("share of TTFT (%)")
-    right.set_title("Where TTFT went (cache run)")
-    right.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8, frameon=False)
+    right.set_title("Where TTFT went (cache run): agent vs truth")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -80,7 +80,7 @@ class Progress:
                 continue
             lookup = m.get("kvscope_kv_lookup_tokens_total", 0.0)
             hits = {t: m.get(f"kvscope_kv_hit_tokens_total:{t}", 0.0) for t in ("G1", "G2", "G3", "G4")}
-            rate = " ".join(f"{t} {100 * v / lookup:.0f}%" for t, v in hits.items() if v) if lookup else "-"
+            rate = " ".join(f"{t} {100 * v / lookup:.0f}%" for t, v in hits.items() if v and lookup) or "none"
             count, total = m.get("kvscope_ttft_seconds_count", 0.0), m.get("kvscope_ttft_seconds_sum", 0.0)
             ttft = f"{1000 * total / count:.0f} ms" if count else "-"
             self.say(f"[{label}] {time.monotonic() - t0:4.0f}s  {done}/{self.total} requests done; agent: "
