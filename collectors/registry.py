@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from agent.correlation.engine import SPEC as CORRELATION_SPEC
-from collectors import agent_self, disk, network, otlp_traces, rdma, vllm_kv_events, vllm_metrics
+from collectors import agent_self, disk, gpfs, lustre, network, nfs, otlp_traces, rdma, vllm_kv_events, vllm_metrics
 from collectors.base import CollectorSpec
 from collectors.gpu_nvml import SPEC as NVML_SPEC
 
 # Each collector module declares its own SPEC; this table lists them in a stable order.
 _SPECS: list[CollectorSpec] = [vllm_kv_events.SPEC, NVML_SPEC, disk.SPEC, network.SPEC, rdma.SPEC, agent_self.SPEC,
-                               otlp_traces.SPEC, CORRELATION_SPEC, vllm_metrics.SPEC]
+                               otlp_traces.SPEC, CORRELATION_SPEC, vllm_metrics.SPEC, nfs.SPEC, lustre.SPEC, gpfs.SPEC]
 
 
 def collector_specs() -> dict[str, CollectorSpec]:
