@@ -114,7 +114,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--isl", type=int, default=3000, help="prompt tokens, client tokenizer")
     p.add_argument("--osl", type=int, default=8)
-    p.add_argument("--no-cache", action="store_true", help="a recompute baseline: G1 keeps nothing, no G4")
+    p.add_argument("--g2-blocks", type=int, default=0, help="host-memory tier G2 in blocks (default 0: staging only)")
+    p.add_argument("--no-cache", action="store_true", help="a recompute baseline: G1 keeps nothing, no G2/G4")
     args = p.parse_args()
     exe = ensure_aiperf(args.venv)
     if exe is None:
@@ -129,6 +130,7 @@ def main() -> int:
     model = "openai/gpt-oss-120b"
     otlp_port = free_port()
     config = EngineConfig(data_dir=work / "engine", served_model_name=model, g1_blocks=64, g1_retain=False,
+                          g2_blocks=0 if args.no_cache else args.g2_blocks,
                           g4_blocks=0 if args.no_cache else 2048, prefix_caching=not args.no_cache,
                           kv_events_endpoint=None, kv_events_replay_endpoint=None,
                           otlp_traces_endpoint=f"http://127.0.0.1:{otlp_port}", default_max_tokens=args.osl)

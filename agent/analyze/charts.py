@@ -1,4 +1,4 @@
-"""PNG charts of a Report (matplotlib, Agg backend: no display needed). matplotlib is the `analyze` extra."""
+"""PNG charts of a Report (matplotlib, Agg backend: no display needed). matplotlib is in the `reference` extra."""
 
 from __future__ import annotations
 

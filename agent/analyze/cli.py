@@ -23,7 +23,7 @@ def _analyze(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     charts = write_charts(report, out, baseline)
     if not charts:
-        report.notes.append("no charts: matplotlib is not installed (pip install 'kvscope[analyze]')")
+        report.notes.append("no charts: matplotlib is not installed (pip install 'kvscope[reference]')")
     markdown = to_markdown(report, charts)
     (out / "report.md").write_text(markdown, encoding="utf-8")
     (out / "report.json").write_text(to_json(report), encoding="utf-8")
