@@ -42,7 +42,7 @@ def _value(scrape: dict[str, Any], family: str, **labels: str) -> float:
 
 def _growth(run: Path, family: str, **labels: str) -> float:
     scrapes = _lines(run / "server_metrics_export.jsonl")
-    return _value(scrapes[-1], family, **labels) - _value(scrapes[0], family, **labels)
+    return float(_value(scrapes[-1], family, **labels) - _value(scrapes[0], family, **labels))
 
 
 def _rps(run: Path) -> float:
@@ -166,7 +166,7 @@ def test_cli_writes_markdown_json_and_charts(tmp_path: Path, capsys: pytest.Capt
 
 
 def live_hits() -> float:
-    return sum(r["metrics"]["usage_prompt_cache_read_tokens"]["value"] for r in _profiling(CACHED))
+    return float(sum(r["metrics"]["usage_prompt_cache_read_tokens"]["value"] for r in _profiling(CACHED)))
 
 
 def test_cli_reports_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
