@@ -51,7 +51,7 @@ def _rps(run: Path) -> float:
     # integer ns: a float cannot hold 1.8e18 ns to better than 256 ns
     end = max(r["metadata"]["request_start_ns"] + round(r["metrics"]["request_latency"]["value"] * 1e6)
               for r in records)
-    return len(records) / ((end - start) / 1e9)
+    return float(len(records) / ((end - start) / 1e9))
 
 
 @pytest.fixture(scope="module")
