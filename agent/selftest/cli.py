@@ -66,7 +66,7 @@ def add_commands(sub: Any) -> None:
     demo.add_argument("--concurrency", type=int, default=4)
     demo.add_argument("--prompt-tokens", type=int, default=2048)
     demo.add_argument("--block-tokens", type=int, default=256)
-    demo.add_argument("--time-scale", type=float, default=0.5, help="multiplies compute time (default 0.5)")
+    demo.add_argument("--time-scale", type=float, default=1.0, help="multiplies compute time (default 1)")
     demo.add_argument("--model", default="", help="KV geometry preset, e.g. gpt-oss-120b (default: a small "
                       "2 KiB/token geometry, so the demo moves little data)")
     demo.add_argument("--seed", type=int, default=0)

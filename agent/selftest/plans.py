@@ -27,7 +27,7 @@ class SharedPromptsPlan:
     concurrency: int = 4
     prompt_tokens: int = 2048
     block_tokens: int = 256
-    time_scale: float = 0.5
+    time_scale: float = 1.0  # the seeds' cost model in real time
     model: str = ""  # a preset name; "" = the small selftest geometry
     seed: int = 0
 

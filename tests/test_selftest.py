@@ -1,0 +1,147 @@
+"""`kvscope selftest`: the whole pipeline against the engine's truth, and checks that can fail."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.config import load_config
+from agent.selftest.checks import Check, Figures, compare
+from agent.selftest.harness import agent_config_text, block_device_of
+from agent.selftest.plans import SharedPromptsPlan
+from agent.selftest.report import as_json, table
+from agent.selftest.runner import run_plans
+from collectors.registry import collector_specs
+
+SMALL_PLAN = SharedPromptsPlan(requests=16, prompts=4, concurrency=3)
+
+
+@pytest.mark.integration
+def test_selftest_passes_on_the_shared_prompts_scenario(tmp_path: Path) -> None:
+    rows, meta, captures = run_plans({"shared-prompts": SMALL_PLAN}, tmp_path)
+    misses = [c for _, c in rows if not c.passed]
+    assert not misses, table([("shared-prompts", c) for c in misses])
+    cache, recompute = captures["shared-prompts"]
+    assert (cache.label, recompute.label) == ("cache", "recompute")
+    assert len(cache.truths) == len(recompute.truths) == 16
+    # the run exercised every tier and every kind of check, not an empty comparison
+    quantities = {c.quantity for s, c in rows if c.run == "cache"}
+    assert {"hit tokens G1", "hit tokens G2", "hit tokens G3", "hit tokens G4", "bytes G4->G2", "bytes G2->G3",
+            "resident blocks G4", "TTFT share fetch %", "prefill saved s (net)"} <= quantities
+    saved = next(c for _, c in rows if c.run == "cache" and c.quantity == "prefill saved s (net)")
+    assert saved.truth > 0 and saved.measured > 0
+    # the agent was configured from TOML text, as an operator would: the file is there to read
+    config = (tmp_path / "shared-prompts" / "agent" / "0-cache" / "kvscope.toml").read_text()
+    assert 'engine = "reference"' in config and '"external_unspecified" = "G4"' in config
+    assert meta["scenarios"]["shared-prompts"]["runs"]["cache"]["requests"] == 16
+
+
+def _figures() -> Figures:
+    per_request = {f"r{i}": (0.1, 0.02, 0.05) for i in range(10)}
+    return Figures(hit_tokens={"G1": 512.0, "G4": 2048.0}, link_bytes={"G4->G2": 1e6, "G2->G1": 1e6},
+                   resident_blocks={"G1": 4.0, "G2": 0.0, "G3": 0.0, "G4": 12.0}, requests=10.0, ttft_count=10.0,
+                   ttft_sum=1.0, lookup_tokens=4096.0, computed_tokens=1536.0,
+                   components={"queue": 0.2, "fetch": 0.2, "prefill": 0.5, "other": 0.1},
+                   per_request=per_request, prefill_saved=0.4)
+
+
+def _failed(checks: list[Check]) -> set[str]:
+    return {c.quantity for c in checks if not c.passed}
+
+
+def test_identical_figures_pass() -> None:
+    assert _failed(compare("cache", _figures(), _figures())) == set()
+
+
+def test_one_block_of_tokens_off_in_one_tier_fails_that_check_only() -> None:
+    truth = _figures()
+    truth.hit_tokens["G4"] -= 256  # one 256-token block
+    checks = compare("cache", truth, _figures())
+    assert _failed(checks) == {"hit tokens G4"}
+    (g4,) = [c for c in checks if c.quantity == "hit tokens G4"]
+    assert g4.error == 256 and g4.tolerance == "exact"
+
+
+def test_tolerances_fail_just_outside_and_pass_just_inside() -> None:
+    measured = _figures()
+    measured.resident_blocks["G4"] = math.nan  # residency not exported (unknown)
+    measured.ttft_sum = 1.0 + 2e-9
+    measured.components = {"queue": 0.2, "fetch": 0.14, "prefill": 0.56, "other": 0.1}  # 6 pp moved
+    measured.prefill_saved = 0.4 * 1.11
+    assert _failed(compare("cache", _figures(), measured)) == {
+        "resident blocks G4", "TTFT sum s", "TTFT share fetch %", "TTFT share prefill %", "prefill saved s (net)"}
+    inside = replace(_figures(), ttft_sum=1.0 + 5e-10, prefill_saved=0.4 * 1.09,
+                     components={"queue": 0.2, "fetch": 0.16, "prefill": 0.54, "other": 0.1})
+    assert _failed(compare("cache", _figures(), inside)) == set()
+
+
+def test_per_request_needs_ninety_percent_within_ten_percent_of_ttft() -> None:
+    measured = _figures()
+    measured.per_request = dict(measured.per_request)
+    measured.per_request["r0"] = (0.1, 0.035, 0.05)  # fetch off by 15 % of TTFT: 9 of 10 still fine
+    assert _failed(compare("cache", _figures(), measured)) == set()
+    measured.per_request["r1"] = (0.1, 0.02, 0.065)  # prefill off: still 9 of 10 for prefill
+    del measured.per_request["r2"]  # a request the agent never attributed counts as a miss
+    assert _failed(compare("cache", _figures(), measured)) == {"requests with fetch within 10% of TTFT",
+                                                                "requests with prefill within 10% of TTFT"}
+
+
+def test_report_table_and_json() -> None:
+    truth = _figures()
+    truth.hit_tokens["G4"] -= 256
+    rows = [("shared-prompts", c) for c in compare("cache", truth, _figures())]
+    text = table(rows)
+    assert text.splitlines()[0].split()[:2] == ["scenario/run", "quantity"]
+    assert "MISS" in next(line for line in text.splitlines() if "hit tokens G4" in line)
+    doc = as_json(rows, {"kvscope": "test"})
+    assert doc["passed"] is False and json.loads(json.dumps(doc))["checks"][0]["scenario"] == "shared-prompts"
+
+
+def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
+    for device in ("vda", None):
+        text = agent_config_text("http://127.0.0.1:8000/metrics", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558",
+                                 "openai/gpt-oss-120b", device, tmp_path / "r.jsonl", 0.2)
+        config = load_config(text, collector_specs(), environ={})
+        enabled = {name for name, (s, _) in config.collectors.items() if s.enabled}
+        assert {"vllm", "vllm_kv_events", "otlp_traces", "correlation"} <= enabled
+        assert ("disk" in enabled) == (device is not None)
+        assert config.collectors["vllm"][1].cache_hit_source_tiers["external_unspecified"] == "G4"
+
+
+def test_block_device_of_a_partition_is_its_disk(tmp_path: Path) -> None:
+    dev = os.stat(tmp_path).st_dev
+    sys_root = tmp_path / "sys"
+    part = sys_root / "devices" / "virtual" / "block" / "vdz" / "vdz1"
+    part.mkdir(parents=True)
+    (part / "partition").write_text("1\n")
+    (sys_root / "block").mkdir()
+    (sys_root / "block" / "vdz").symlink_to(part.parent)
+    (sys_root / "dev" / "block").mkdir(parents=True)
+    (sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(part)
+    assert block_device_of(tmp_path, str(sys_root)) == "vdz"
+    assert block_device_of(tmp_path, str(tmp_path / "nosys")) is None
+
+
+def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI writes the JSON and exits 1 on a miss (the run itself is doctored to miss)."""
+    from agent.selftest import runner
+
+    captured: dict[str, object] = {}
+
+    def fake_run(plans: object, workdir: object) -> tuple[object, object, object]:
+        truth = _figures()
+        truth.hit_tokens["G1"] += 256
+        captured["plans"] = plans
+        return [("shared-prompts", c) for c in compare("cache", truth, _figures())], {"kvscope": "t"}, {}
+
+    monkeypatch.setattr(runner, "run_plans", fake_run)
+    out = tmp_path / "st.json"
+    assert main(["selftest", "--json", str(out)]) == 1
+    assert list(captured["plans"]) == ["shared-prompts"]  # type: ignore[call-overload]
+    assert json.loads(out.read_text())["passed"] is False
