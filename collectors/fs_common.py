@@ -153,9 +153,9 @@ STDERR_SHOWN = 200  # characters of the tool's stderr quoted in the error
 def run_tool(argv: Sequence[str], stdin: bytes, timeout: float) -> str:
     """Run `argv` (no shell), feed it `stdin`, return its stdout as text.
 
-    The tool runs in its own session and on timeout the whole process group is killed: a wrapper
-    script's children would otherwise keep the output pipe open and `communicate()` would wait for
-    them long after the timeout (subprocess.run only kills the direct child).
+    The tool runs in its own session and on timeout the whole process group is killed: mmpmon and
+    lctl may be wrapper scripts, and subprocess.run's timeout kills only the direct child, leaving a
+    hung grandchild (still talking to mmfsd) behind at every cycle.
     """
     try:
         proc = subprocess.Popen(
