@@ -41,8 +41,9 @@ log = logging.getLogger("kvscope.collectors.nfs")
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
 BYTES_FIELDS = 8  # __NFSIOS_BYTESMAX
+_STARTS = ("device ", "no device ")
 # "device X" or, for a mount without a device name, "no device"; then the mount point and type
-_DEVICE = re.compile(r"^(?:device (\S+)|no device) mounted on (\S+) with fstype (\S+)(?: statvers=(\S+))?")
+_HEADER = re.compile(r"(?:device (\S+)|no device) mounted on (\S+) with fstype (\S+)(?: statvers=(\S+))?")
 
 METRICS = (*FS_METRICS, *NFS_SERVER_METRICS, INPUT_ERRORS)
 
@@ -62,15 +63,6 @@ class MountStats:
     malformed: list[str] = field(default_factory=list)  # mount points whose bytes: line is unusable
 
 
-@dataclass(slots=True)
-class _Block:
-    device: str
-    mount_point: str
-    fstype: str
-    transport: str = ""
-    bytes_text: str | None = None
-
-
 def _bytes(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -84,38 +76,52 @@ def _bytes(text: str | None) -> tuple[int, ...] | None:
     return values if min(values) >= 0 else None
 
 
+def _mount_starts(text: str) -> list[int]:
+    """Offsets of the lines that start a mount block ("device ..." or "no device ...")."""
+    starts = [0] if text.startswith(_STARTS) else []
+    for marker in ("\ndevice ", "\nno device "):
+        i = text.find(marker)
+        while i >= 0:
+            starts.append(i + 1)
+            i = text.find(marker, i + 1)
+    starts.sort()
+    return starts
+
+
+def _field(block: str, key: str) -> str | None:
+    """The rest of the first indented `key` line of a block (`bytes:`, `xprt:`), or None."""
+    i = block.find(key)
+    while i >= 0:
+        line_start = block.rfind("\n", 0, i) + 1
+        if line_start > 0 and not block[line_start:i].strip():  # the key starts its (indented) line
+            end = block.find("\n", i)
+            return block[i + len(key):end if end >= 0 else len(block)]
+        i = block.find(key, i + 1)
+    return None
+
+
 def parse_mountstats(text: str) -> MountStats:
-    """The NFS mounts of a mountstats text with their byte counters; non-NFS mounts are skipped."""
+    """The NFS mounts of a mountstats text with their byte counters; non-NFS mounts are skipped.
+
+    Blocks and their `bytes:`/`xprt:` lines are found with str.find, not line by line: per-op
+    statistics are most of the file (some 60 lines per NFSv4 mount) and are never looked at.
+    """
     out = MountStats()
-    block: _Block | None = None
-
-    def finish(b: _Block | None) -> None:
-        if b is None:
-            return
-        values = _bytes(b.bytes_text)
+    starts = _mount_starts(text)
+    for n, start in enumerate(starts):
+        block = text[start:starts[n + 1] if n + 1 < len(starts) else len(text)]
+        m = _HEADER.match(block)
+        # only NFS has statistics (statvers=); every other filesystem is a bare device line
+        if m is None or m.group(3) not in NFS_FSTYPES or m.group(4) is None:
+            continue
+        mount_point = unescape(m.group(2))
+        values = _bytes(_field(block, "bytes:"))
         if values is None:
-            out.malformed.append(b.mount_point)
-        else:
-            out.mounts.append(NfsMount(b.device, b.mount_point, b.fstype, b.transport, values))
-
-    for line in text.splitlines():
-        if line.startswith(("device ", "no device ")):
-            finish(block)
-            block = None
-            m = _DEVICE.match(line)
-            # only NFS has statistics (statvers=); every other filesystem is a bare device line
-            if m is not None and m.group(3) in NFS_FSTYPES and m.group(4) is not None:
-                block = _Block(unescape(m.group(1) or ""), unescape(m.group(2)), m.group(3))
+            out.malformed.append(mount_point)
             continue
-        if block is None:
-            continue
-        stripped = line.lstrip()
-        if stripped.startswith("bytes:"):
-            block.bytes_text = stripped[len("bytes:"):]
-        elif stripped.startswith("xprt:") and not block.transport:
-            proto = stripped[len("xprt:"):].split()
-            block.transport = proto[0] if proto else ""
-    finish(block)
+        xprt = (_field(block, "xprt:") or "").split()
+        out.mounts.append(NfsMount(unescape(m.group(1) or ""), mount_point, m.group(3), xprt[0] if xprt else "",
+                                   values))
     return out
 
 
