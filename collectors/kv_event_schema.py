@@ -22,7 +22,7 @@ test streams and benchmark load byte-for-byte as those vLLM versions do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -35,19 +35,26 @@ BlockHash = int | bytes  # uint64 (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the de
 
 # -- decode side: current map-form events (vLLM >= 0.24) ------------------------------------------
 
+# The medium and locality values vLLM and its connectors are known to send (facts §2.4). Decoding them as
+# Literals returns one shared str object per value instead of a new str per event, which is cheaper to
+# decode and makes grouping events by tier an identity test. A batch with any other value fails the fast
+# decoder and is decoded again with plain str fields (`*AnyMedium`), with the same result.
+KnownMedium = Literal["GPU", "CPU", "STORAGE", "FS", "OBJ", "cpu", "CXL"]
+KnownLocality = Literal["LOCAL", "REMOTE"]
+
 
 class StoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
     KIND: ClassVar[int] = STORED
     block_hashes: list[BlockHash]
-    medium: str | None = None
-    locality: str | None = None
+    medium: KnownMedium | None = None
+    locality: KnownLocality | None = None
 
 
 class RemovedEvent(msgspec.Struct, tag="BlockRemoved", gc=False):
     KIND: ClassVar[int] = REMOVED
     block_hashes: list[BlockHash]
-    medium: str | None = None
-    locality: str | None = None
+    medium: KnownMedium | None = None
+    locality: KnownLocality | None = None
 
 
 class ClearedEvent(msgspec.Struct, tag="AllBlocksCleared", gc=False):
@@ -57,12 +64,33 @@ class ClearedEvent(msgspec.Struct, tag="AllBlocksCleared", gc=False):
     locality: ClassVar[str | None] = None
 
 
+class StoredEventAnyMedium(msgspec.Struct, tag="BlockStored", gc=False):
+    KIND: ClassVar[int] = STORED
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    locality: str | None = None
+
+
+class RemovedEventAnyMedium(msgspec.Struct, tag="BlockRemoved", gc=False):
+    KIND: ClassVar[int] = REMOVED
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    locality: str | None = None
+
+
 MapEvent = StoredEvent | RemovedEvent | ClearedEvent
+MapEventAnyMedium = StoredEventAnyMedium | RemovedEventAnyMedium | ClearedEvent
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[MapEvent]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[MapEventAnyMedium]
     data_parallel_rank: int | None = None
 
 
@@ -103,7 +131,7 @@ class _LegacyBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-Event = MapEvent | LegacyEvent
+Event = MapEvent | MapEventAnyMedium | LegacyEvent
 
 
 class MalformedBatch(ValueError):
@@ -124,10 +152,11 @@ class BatchDecoder:
 
     def __init__(self) -> None:
         self._current = msgspec.msgpack.Decoder(_MapBatch)
+        self._current_any = msgspec.msgpack.Decoder(_MapBatchAnyMedium)
         self._legacy = msgspec.msgpack.Decoder(_LegacyBatch)
         self._outer = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
         self._raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
-        self._map_event = msgspec.msgpack.Decoder(MapEvent)
+        self._map_event = msgspec.msgpack.Decoder(MapEventAnyMedium)
         self._legacy_event = msgspec.msgpack.Decoder(LegacyEvent)
         self._any = msgspec.msgpack.Decoder()
 
@@ -135,6 +164,11 @@ class BatchDecoder:
         try:
             b = self._current.decode(payload)
             return DecodedBatch(b.ts, b.events, b.data_parallel_rank, "map")
+        except msgspec.DecodeError:
+            pass
+        try:
+            ab = self._current_any.decode(payload)
+            return DecodedBatch(ab.ts, ab.events, ab.data_parallel_rank, "map")
         except msgspec.DecodeError:
             pass
         try:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from itertools import chain
-from operator import attrgetter
+from math import ceil
+from operator import attrgetter, countOf
 from typing import Any
 
 from agent.tiers import STORAGE_TIERS, Tier
-from collectors.kv_event_schema import CLEARED, REMOVED, STORED
+from collectors.kv_event_schema import CLEARED, STORED
 
 # Bucket upper bounds of the reuse-distance histogram: 0, then powers of two up to 2**20 blocks.
 REUSE_BOUNDS: tuple[float, ...] = (0.0, *(float(2**i) for i in range(21)))
@@ -25,6 +26,9 @@ _INF_SLOT = len(REUSE_BOUNDS)
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
 _HASHES = attrgetter("block_hashes")
+_U64 = 2**64 - 1
+# Mediums whose tier does not depend on locality (tier_of): a batch of them skips the locality check.
+_LOCALITY_BLIND = frozenset({"GPU", "CPU", "gpu", "cpu"})
 
 
 def tier_of(medium: str | None, locality: str | None) -> Tier:
@@ -42,8 +46,28 @@ def tier_of(medium: str | None, locality: str | None) -> Tier:
     return Tier.UNATTRIBUTED  # None (pre-medium events), "CXL", anything new
 
 
+def sample_key(key: Hashable) -> int:
+    """The number a block is sampled by (kept when below the threshold): the uint64 hash itself.
+
+    vLLM's int block hash is the low 64 bits of a cryptographic digest, so it is already uniform; a bytes
+    hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) is the whole digest, whose last 8 bytes are that same
+    int, so both modes sample the same blocks. Anything else falls back to Python's hash().
+    """
+    if isinstance(key, int):
+        return key
+    if isinstance(key, bytes):
+        return int.from_bytes(key[-8:], "big")
+    return hash(key) & _U64
+
+
 class ReuseTracker:
     """Reuse-distance histogram over a stream of block uses, with a cap on the blocks remembered.
+
+    Sampling (SHARDS, Waldspurger et al., FAST 2015): with `sample_rate` R < 1 only blocks whose hash
+    is below R × 2**64 are tracked (a fixed pseudo-random subset of the blocks, all uses of each), each
+    distance measured among them is scaled by 1/R and each sampled reuse counts 1/R reuses. The
+    histogram is then an unbiased estimate at a fraction R of the cost and memory; R = 1 is exact.
+    Distances below about 1/R blocks are not resolved (the scaled distances are multiples of 1/R).
 
     Each use gets a time index t. A block's latest use is a live marker at its time; when the block is
     used again its old marker dies. The distance of a reuse at t of a block last used at p is the number
@@ -57,18 +81,24 @@ class ReuseTracker:
     block's next use counts as a first use, so distances beyond the cap are not observed.
     """
 
-    def __init__(self, max_tracked: int) -> None:
+    def __init__(self, max_tracked: int, sample_rate: float = 1.0) -> None:
         if max_tracked < 2:
             raise ValueError("max_tracked must be >= 2")
+        threshold = round(sample_rate * 2**64) if 0 < sample_rate <= 1 else 0
+        if threshold < 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        self._threshold: int | None = threshold if threshold < 2**64 else None  # None: exact, no filter
+        self.sample_rate = threshold / 2**64
+        self._scale = 2**64 / threshold  # 1/R: one sampled reuse stands for this many
         self._max = max_tracked
         self._high = max_tracked + max_tracked // 2
         self._span = 3 * max_tracked
         self._last: dict[Hashable, int] = {}
         self._dead = [0] * (self._span + 1)  # Fenwick tree, index = time + 1
         self._now = 0
-        self.buckets = [0] * (_INF_SLOT + 1)  # per-slot (not cumulative) counts
-        self.sum = 0
-        self.evicted = 0
+        self.buckets = [0] * (_INF_SLOT + 1)  # sampled reuses per slot of their scaled distance
+        self.sum = 0.0  # of scaled distances of sampled reuses
+        self.evicted = 0  # sampled blocks forgotten (see estimated_evicted)
 
     @property
     def tracked(self) -> int:
@@ -77,8 +107,21 @@ class ReuseTracker:
     def use(self, key: Hashable) -> None:
         self.use_many([key])
 
+    @property
+    def estimated_evicted(self) -> float:
+        """Blocks forgotten to stay within the cap, scaled to the whole stream."""
+        return self.evicted * self._scale
+
     def use_many(self, keys: list[Hashable]) -> None:
-        """Record uses in order. The loop is inlined: it runs once per stored block."""
+        """Record uses in order. The loop is inlined: it runs once per stored (sampled) block."""
+        threshold = self._threshold
+        if threshold is not None:
+            try:  # uint64 hashes compare in C; any other key type raises and takes the general path
+                keys = [k for k in keys if k < threshold]  # type: ignore[operator]
+            except TypeError:
+                keys = [k for k in keys if sample_key(k) < threshold]
+            if not keys:
+                return
         last = self._last
         t = self._now
         n = len(keys)
@@ -119,7 +162,7 @@ class ReuseTracker:
         while i > 0:
             n -= dead[i]
             i &= i - 1
-        distance = t - p - 1 - n
+        distance = (t - p - 1 - n) * self._scale
         i = p + 1
         size = self._span
         while i <= size:
@@ -128,7 +171,7 @@ class ReuseTracker:
         del self._last[key]  # re-insert at the end: the dict stays in last-use order
         self._last[key] = t
         self.sum += distance
-        self.buckets[min((distance - 1).bit_length() + 1, _INF_SLOT) if distance else 0] += 1
+        self.buckets[min((ceil(distance) - 1).bit_length() + 1, _INF_SLOT) if distance else 0] += 1
 
     def _compact(self) -> None:
         keys = list(self._last)
@@ -148,29 +191,31 @@ class ReuseTracker:
         """(buckets as (upper bound, cumulative count) ending in +Inf, sum, count)."""
         out = []
         running = 0
+        scale = self._scale
         for bound, n in zip((*REUSE_BOUNDS, float("inf")), self.buckets, strict=True):
             running += n
-            out.append((bound, float(running)))
-        return tuple(out), float(self.sum), float(running)
+            out.append((bound, running * scale))
+        return tuple(out), self.sum * scale, running * scale
 
 
 class TierState:
     __slots__ = ("known", "removed", "removed_unknown", "resident", "reuse", "stored")
 
-    def __init__(self, max_tracked: int, known: bool) -> None:
+    def __init__(self, max_tracked: int, known: bool, sample_rate: float = 1.0) -> None:
         self.resident: set[Any] = set()
         self.stored = 0  # blocks that became resident
         self.removed = 0  # blocks that stopped being resident (BlockRemoved, AllBlocksCleared)
         self.removed_unknown = 0  # BlockRemoved of a block not resident here (ignored)
         self.known = known  # residency reflects every event since a known-empty state
-        self.reuse = ReuseTracker(max_tracked)
+        self.reuse = ReuseTracker(max_tracked, sample_rate)
 
 
 class Residency:
     """Residency, counters and reuse of one publisher (one data-parallel rank), per tier."""
 
-    def __init__(self, max_tracked: int) -> None:
+    def __init__(self, max_tracked: int, sample_rate: float = 1.0) -> None:
         self._max_tracked = max_tracked
+        self._sample_rate = sample_rate
         self.tiers: dict[Tier, TierState] = {}
         self.events = [0, 0, 0]  # by kind: STORED, REMOVED, CLEARED
         self.unknown_events = 0
@@ -180,7 +225,7 @@ class Residency:
     def tier(self, tier: Tier) -> TierState:
         state = self.tiers.get(tier)
         if state is None:
-            state = self.tiers[tier] = TierState(self._max_tracked, self.complete)
+            state = self.tiers[tier] = TierState(self._max_tracked, self.complete, self._sample_rate)
         return state
 
     def _state_for(self, medium: str | None, locality: str | None) -> TierState:
@@ -200,50 +245,60 @@ class Residency:
         """
         counts = self.events
         self.unknown_events += unknown
-        if len(set(map(type, events))) == 1 and events[0].KIND == STORED:
-            mediums = set(map(_MEDIUM, events))
-            localities = set(map(_LOCALITY, events))
-            if len(mediums) == 1 and len(localities) == 1:  # the usual batch: one tier, at C speed
-                counts[STORED] += len(events)
-                state = self._state_for(mediums.pop(), localities.pop())
+        n = len(events)
+        if n:
+            # The usual batch: only stores, all to one tier. Checked in C: countOf compares by identity
+            # first, and the fast decoder returns one shared str per known medium (kv_event_schema).
+            first = events[0]
+            cls = type(first)
+            medium, locality = first.medium, first.locality
+            if (cls.KIND == STORED and countOf(map(type, events), cls) == n
+                    and countOf(map(_MEDIUM, events), medium) == n
+                    and (medium in _LOCALITY_BLIND or countOf(map(_LOCALITY, events), locality) == n)):
+                counts[STORED] += n
+                state = self._tier_cache.get((medium, locality)) or self._state_for(medium, locality)
                 self._store(state, list(chain.from_iterable(map(_HASHES, events))))
                 return
+        # Mixed batches: consecutive events of one kind to one tier form a run, applied with one set
+        # operation (order between runs is kept, so a store and a later removal of a block still cancel).
         cache = self._tier_cache
         run: list[Any] = []
+        run_kind = STORED
         run_state: TierState | None = None
         for ev in events:
             kind = ev.KIND
             counts[kind] += 1
-            if kind == STORED:
-                state = cache.get((ev.medium, ev.locality)) or self._state_for(ev.medium, ev.locality)
-                if state is not run_state:
-                    if run_state is not None:
-                        self._store(run_state, run)
-                        run = []
-                    run_state = state
-                run += ev.block_hashes
-                continue
-            if run_state is not None:
-                self._store(run_state, run)
-                run, run_state = [], None
-            if kind == REMOVED:
-                state = self._state_for(ev.medium, ev.locality)
-                resident = state.resident
-                for h in ev.block_hashes:
-                    if h in resident:
-                        resident.remove(h)
-                        state.removed += 1
-                    else:
-                        state.removed_unknown += 1
-            elif kind == CLEARED:
+            if kind == CLEARED:
+                if run_state is not None:
+                    self._flush(run_kind, run_state, run)
+                    run, run_state = [], None
                 # AllBlocksCleared carries no medium: vLLM sends it when the GPU prefix cache is reset
                 # (BlockPool.reset_prefix_cache); offload tiers keep their blocks. G1 is now known empty.
                 g1 = self.tier(Tier.G1)
                 g1.removed += len(g1.resident)
                 g1.resident.clear()
                 g1.known = True
+                continue
+            medium, locality = ev.medium, ev.locality
+            state = cache.get((medium, locality)) or self._state_for(medium, locality)
+            if state is not run_state or kind != run_kind:
+                if run_state is not None:
+                    self._flush(run_kind, run_state, run)
+                run, run_kind, run_state = [], kind, state
+            run += ev.block_hashes
         if run_state is not None:
-            self._store(run_state, run)
+            self._flush(run_kind, run_state, run)
+
+    def _flush(self, kind: int, state: TierState, hashes: list[Any]) -> None:
+        if kind == STORED:
+            self._store(state, hashes)
+            return
+        resident = state.resident
+        before = len(resident)
+        resident.difference_update(hashes)
+        gone = before - len(resident)
+        state.removed += gone
+        state.removed_unknown += len(hashes) - gone  # not resident, or repeated within the run
 
     @staticmethod
     def _store(state: TierState, hashes: list[Any]) -> None:

@@ -127,7 +127,8 @@ class VllmKvEventsOptions:
     model: str = ""  # served model name (events do not carry it)
     rcvhwm: int = 100000  # ZMQ receive high-water mark, in messages (vLLM's PUB default hwm)
     replay_timeout: float = 2.0  # seconds to wait for a replay before counting the gap as missed
-    reuse_max_tracked_blocks: int = 131072  # per rank and tier; ~150 B each
+    reuse_max_tracked_blocks: int = 131072  # sampled blocks remembered per rank and tier; ~150 B each
+    reuse_sample_rate: float = 1 / 16  # fraction of blocks the reuse-distance histogram tracks (SHARDS)
 
     def validate(self, path: str) -> None:
         if not self.endpoint:
@@ -147,17 +148,19 @@ class VllmKvEventsOptions:
             raise ValueError(f"replay_timeout: must be > 0, got {self.replay_timeout}")
         if self.reuse_max_tracked_blocks < 1:
             raise ValueError("reuse_max_tracked_blocks: must be >= 1")
+        if not 1e-6 <= self.reuse_sample_rate <= 1:
+            raise ValueError(f"reuse_sample_rate: must be in [1e-6, 1] (1 = exact), got {self.reuse_sample_rate}")
 
 
 class _Stream:
     """One publisher (data-parallel rank): its socket address, sequence state and aggregates."""
 
-    def __init__(self, rank: int, endpoint: str, replay: str, max_tracked: int) -> None:
+    def __init__(self, rank: int, endpoint: str, replay: str, max_tracked: int, sample_rate: float) -> None:
         self.rank = rank
         self.labels = ("", "", str(rank))
         self.endpoint = endpoint
         self.replay = replay
-        self.residency = Residency(max_tracked)
+        self.residency = Residency(max_tracked, sample_rate)
         self.expected: int | None = None
         self.dropped = self.missed = self.replayed = self.malformed = self.restarts = 0
         self.logged: set[str] = set()
@@ -179,7 +182,7 @@ class VllmKvEventsCollector:
         self.streams = [
             _Stream(r, rank_endpoint(options.endpoint, r),
                     rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
-                    options.reuse_max_tracked_blocks)
+                    options.reuse_max_tracked_blocks, options.reuse_sample_rate)
             for r in range(n)
         ]
         for s in self.streams:
@@ -364,7 +367,7 @@ class VllmKvEventsCollector:
             out.append(Sample(REMOVED_UNKNOWN_TOTAL, tl, st.removed_unknown))
             buckets, total, count = st.reuse.cumulative()
             out.append(HistogramSample(REUSE_DISTANCE, tl, buckets, total, count))
-            out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.evicted))
+            out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.estimated_evicted))
         return out
 
 

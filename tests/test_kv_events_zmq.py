@@ -312,7 +312,7 @@ def test_one_socket_per_data_parallel_rank(ctx: zmq.Context[Any], make_sub: Any)
 
 def test_reuse_distance_histogram_over_the_wire(ctx: zmq.Context[Any], make_sub: Any) -> None:
     pub = Publisher(ctx)
-    sub = make_sub(pub.endpoint)
+    sub = make_sub(pub.endpoint, reuse_sample_rate=1.0)  # exact (the default samples 1/16 of blocks)
     pub.wait_subscribed()
     pub.send(0, gpu_batch(1, 2, 3, 1, 4, 4))  # reuses: 1 after {2,3} -> 2; 4 after {} -> 0
     wait_for(sub, "kvscope_kv_events_total", (*LAB, "BlockStored"), 6)
