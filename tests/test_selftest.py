@@ -145,3 +145,39 @@ def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert main(["selftest", "--json", str(out)]) == 1
     assert list(captured["plans"]) == ["shared-prompts"]  # type: ignore[call-overload]
     assert json.loads(out.read_text())["passed"] is False
+
+
+def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> None:
+    """The correlation change the selftest needed: transfer seconds grow while a request runs, its prefill
+    time is observed when it finishes; the fetch waits for it instead of becoming fetch_overflow."""
+    from agent.contract import KV_TRANSFER_BYTES, KV_TRANSFER_SECONDS, PREFILL_SECONDS, QUEUE_SECONDS, TTFT_SECONDS
+    from agent.correlation.engine import CorrelationEngine, CorrelationOptions
+    from agent.correlation.metrics import ATTRIBUTION_ERROR, TTFT_ATTRIBUTED
+    from agent.readings import HistogramSample, Reading, Sample
+    from agent.runtime import build_catalogue
+    from agent.store import Store
+
+    store = Store(build_catalogue())
+    key = ("reference", "m", "0")
+    engine = CorrelationEngine(CorrelationOptions(), store, None, None, lambda: 0.0)
+
+    def window(fetch: float, requests: int, ttft: float, queue: float, prefill: float) -> dict[str, float]:
+        readings: list[Reading] = [Sample(KV_TRANSFER_BYTES, (*key, "G4", "G2"), fetch * 1e9),
+                                   Sample(KV_TRANSFER_SECONDS, (*key, "G4", "G2"), fetch)]
+        for name, total in ((TTFT_SECONDS, ttft), (QUEUE_SECONDS, queue), (PREFILL_SECONDS, prefill)):
+            readings.append(HistogramSample(name, key, ((math.inf, float(requests)),), total, float(requests)))
+        store.ingest("vllm", readings, 0.0)
+        out: dict[str, float] = {}
+        for r in engine.collect():
+            if r.name == TTFT_ATTRIBUTED:
+                out[r.labels[3]] = out.get(r.labels[3], 0.0) + r.value  # type: ignore[union-attr]
+            elif r.name == ATTRIBUTION_ERROR and r.labels[3:] == ("aggregate", "fetch_overflow"):
+                out["overflow"] = r.value  # type: ignore[union-attr]
+        return out
+
+    first = window(fetch=0.4, requests=0, ttft=0.0, queue=0.0, prefill=0.0)  # fetching, nothing finished
+    assert first.get("fetch", 0.0) == 0.0 and first.get("overflow", 0.0) == 0.0
+    done = window(fetch=0.4, requests=1, ttft=1.0, queue=0.1, prefill=0.8)  # it finished: TTFT 1 s
+    assert done["fetch"] == pytest.approx(0.4) and done["prefill"] == pytest.approx(0.4)
+    assert done["queue"] == pytest.approx(0.1) and done["other"] == pytest.approx(0.1)
+    assert done.get("overflow", 0.0) == 0.0
