@@ -29,7 +29,7 @@ tools:
 	fi
 
 run: $(STAMP)
-	$(BIN)/kvscope run
+	$(BIN)/kvscope demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check agent collectors exporters dashboards tests bench scripts
