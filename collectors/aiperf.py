@@ -8,9 +8,9 @@ tokens, `usage_prompt_cache_read_tokens` (shared/facts/clients.md §3).
 
 `server_metrics_export.jsonl` (one Prometheus scrape per line): `endpoint_url`, `timestamp_ns`,
 `endpoint_latency_ns`, `metrics: {name: [entry, ...]}` where an entry is `{"labels"?: {...}, "value": N}`
-for counters and gauges, `{"histogram": {le: count}, "sum": N, "count": N}` for histograms and
-`{"summary": {quantile: value}, "sum": N, "count": N}` for summaries (clients.md §4; the histogram and
-summary shapes from AIPerf's docs/tutorials/server-metrics.md). Consecutive identical scrapes are
+for counters and gauges, `{"buckets": {le: count}, "sum": N, "count": N}` for histograms (what AIPerf
+0.13.0 really writes, tests/fixtures/aiperf_live; its docs say `"histogram"`, accepted too) and
+`{"summary": {quantile: value}, "sum": N, "count": N}` for summaries (clients.md §4). Consecutive identical scrapes are
 deduplicated by AIPerf, so a gap between lines does not mean a missing scrape.
 
 Parsing is a pure function of the text: a bad line is counted and skipped, never raised.
@@ -153,8 +153,11 @@ def _entry(name: str, raw: Any) -> ScrapeEntry:
     labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
     total = None if raw.get("sum") is None else _float(raw["sum"])
     count = None if raw.get("count") is None else _float(raw["count"])
-    if "histogram" in raw:
-        buckets = tuple(sorted((_float(le), _float(c)) for le, c in raw["histogram"].items()))
+    # AIPerf 0.13.0 writes histograms under "buckets" (tests/fixtures/aiperf_live); "histogram" is
+    # the key its docs use, accepted too.
+    histogram = raw.get("buckets", raw.get("histogram"))
+    if isinstance(histogram, dict):
+        buckets = tuple(sorted((_float(le), _float(c)) for le, c in histogram.items()))
         return ScrapeEntry(name, labels, buckets=buckets, sum=total, count=count)
     if "summary" in raw:
         quantiles = tuple(sorted((_float(q), _float(v)) for q, v in raw["summary"].items()))

@@ -17,8 +17,8 @@ from agent.readings import Sample
 INPUT_ERRORS_METRIC = "kvscope_host_input_errors_total"
 INPUT_ERRORS = counter(
     INPUT_ERRORS_METRIC, "", ("collector",),
-    "Kernel files or lines a host collector could not read or parse; it skipped them and reported the rest.",
-    "/proc, /sys",
+    "Source files or lines a host collector could not read or parse; it skipped them and reported the rest.",
+    "/proc, /sys, mmpmon, lctl",
 )
 
 REGEX_PREFIX = "re:"

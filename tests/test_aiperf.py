@@ -71,3 +71,17 @@ def test_read_artifact_dir(tmp_path: Path) -> None:
     assert len(profile.requests) == 5 and server is None
     (tmp_path / "server_metrics_export.jsonl").write_text((FIXTURES / "server_metrics_export.jsonl").read_text())
     assert read_artifact_dir(tmp_path)[1] is not None
+
+
+def test_real_aiperf_0_13_histograms_under_buckets_parse_cleanly() -> None:
+    """AIPerf 0.13.0's own output (captured live against the reference engine) names histograms "buckets"."""
+    from pathlib import Path
+
+    from collectors.aiperf import parse_server_metrics
+
+    path = Path(__file__).parent / "fixtures" / "aiperf_live" / "cached" / "server_metrics_export.jsonl"
+    export = parse_server_metrics(path.read_text())
+    assert export.bad_lines == 0 and export.bad_entries == 0
+    ttft = [e for e in export.scrapes[-1].entries if e.name == "vllm:time_to_first_token_seconds"]
+    assert ttft and ttft[0].buckets[-1][0] == float("inf")
+    assert ttft[0].count == ttft[0].buckets[-1][1] > 0
