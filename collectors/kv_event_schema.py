@@ -82,13 +82,13 @@ MapEvent = StoredEvent | RemovedEvent | ClearedEvent
 MapEventAnyMedium = StoredEventAnyMedium | RemovedEventAnyMedium | ClearedEvent
 
 
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+class MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[MapEvent]
     data_parallel_rank: int | None = None
 
 
-class _MapBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+class MapBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[MapEventAnyMedium]
     data_parallel_rank: int | None = None
@@ -125,7 +125,7 @@ class LegacyClearedEvent(msgspec.Struct, tag="AllBlocksCleared", array_like=True
 LegacyEvent = LegacyStoredEvent | LegacyRemovedEvent | LegacyClearedEvent
 
 
-class _LegacyBatch(msgspec.Struct, array_like=True, gc=False):
+class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[LegacyEvent]
     data_parallel_rank: int | None = None
@@ -151,9 +151,9 @@ class BatchDecoder:
     """Decodes one msgpack payload into a DecodedBatch. Pure: no I/O, no state between calls."""
 
     def __init__(self) -> None:
-        self._current = msgspec.msgpack.Decoder(_MapBatch)
-        self._current_any = msgspec.msgpack.Decoder(_MapBatchAnyMedium)
-        self._legacy = msgspec.msgpack.Decoder(_LegacyBatch)
+        self._current = msgspec.msgpack.Decoder(MapBatch)
+        self._current_any = msgspec.msgpack.Decoder(MapBatchAnyMedium)
+        self._legacy = msgspec.msgpack.Decoder(LegacyBatch)
         self._outer = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
         self._raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
         self._map_event = msgspec.msgpack.Decoder(MapEventAnyMedium)

@@ -11,7 +11,7 @@ blocks would have kept it). Computed in O(log n) per reuse and O(1) per first us
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from itertools import chain
 from math import ceil
 from operator import attrgetter, countOf
@@ -94,11 +94,14 @@ class ReuseTracker:
         self._high = max_tracked + max_tracked // 2
         self._span = 3 * max_tracked
         self._last: dict[Hashable, int] = {}
-        self._dead = [0] * (self._span + 1)  # Fenwick tree, index = time + 1
+        # Fenwick tree, index = time + 1. Allocated at the first reuse (8 B x 3 x cap): a tier that only
+        # ever sees first uses, or none, never pays for it.
+        self._dead: list[int] = []
         self._now = 0
         self.buckets = [0] * (_INF_SLOT + 1)  # sampled reuses per slot of their scaled distance
         self.sum = 0.0  # of scaled distances of sampled reuses
         self.evicted = 0  # sampled blocks forgotten (see estimated_evicted)
+        self.uses = 0  # sampled uses (see estimated_uses)
 
     @property
     def tracked(self) -> int:
@@ -112,7 +115,16 @@ class ReuseTracker:
         """Blocks forgotten to stay within the cap, scaled to the whole stream."""
         return self.evicted * self._scale
 
-    def use_many(self, keys: list[Hashable]) -> None:
+    @property
+    def estimated_uses(self) -> float:
+        """Uses (first uses and reuses) scaled to the whole stream: the miss-ratio curve's denominator.
+
+        Dividing the histogram by this rather than by the exact number of uses normalises by what was
+        sampled (a ratio estimator), which cancels most of the error of over- or under-sampling hot blocks.
+        """
+        return self.uses * self._scale
+
+    def use_many(self, keys: Sequence[Hashable]) -> None:
         """Record uses in order. The loop is inlined: it runs once per stored (sampled) block."""
         threshold = self._threshold
         if threshold is not None:
@@ -122,6 +134,7 @@ class ReuseTracker:
                 keys = [k for k in keys if sample_key(k) < threshold]
             if not keys:
                 return
+        self.uses += len(keys)
         last = self._last
         t = self._now
         n = len(keys)
@@ -152,6 +165,8 @@ class ReuseTracker:
 
     def _reuse(self, key: Hashable, p: int, t: int) -> None:
         dead = self._dead
+        if not dead:
+            dead = self._dead = [0] * (self._span + 1)
         # dead markers in (p, t) = prefix(t - 1) - prefix(p), Fenwick indices shifted by one
         n = 0
         i = t
@@ -178,13 +193,13 @@ class ReuseTracker:
         drop = max(0, len(keys) - self._max)
         self.evicted += drop
         self._last = {k: i for i, k in enumerate(keys[drop:])}
-        self._dead = [0] * (self._span + 1)
+        self._dead = []
         self._now = len(self._last)
 
     def reset(self) -> None:
         """Forget every block (hashes of a restarted engine mean nothing); the histogram stays."""
         self._last = {}
-        self._dead = [0] * (self._span + 1)
+        self._dead = []
         self._now = 0
 
     def cumulative(self) -> tuple[tuple[tuple[float, float], ...], float, float]:

@@ -53,6 +53,7 @@ RESTARTS_TOTAL = "kvscope_kv_publisher_restarts_total"
 RESIDENCY_KNOWN = "kvscope_kv_residency_known"
 REUSE_DISTANCE = "kvscope_kv_block_reuse_distance_blocks"
 REUSE_EVICTED_TOTAL = "kvscope_kv_reuse_tracker_evicted_blocks_total"
+REUSE_STORES_TOTAL = "kvscope_kv_reuse_tracker_stores_blocks_total"
 
 _SRC = "vLLM KV events"
 METRICS = (
@@ -82,10 +83,16 @@ METRICS = (
           "1 when the tier's residency is complete (seen from seq 0, or G1 since an AllBlocksCleared); "
           "0 for a late joiner or after lost batches. kvscope_kv_resident_blocks is absent while 0.", _SRC),
     histogram(REUSE_DISTANCE, "blocks", (*_E, "tier"),
-              "Distinct blocks stored in the tier between two stores of the same block (LRU stack distance).",
-              _SRC),
+              "Distinct blocks stored in the tier between two stores of the same block (LRU stack distance). "
+              "Estimated from a hash-sampled subset of blocks (reuse_sample_rate; distances and counts scaled "
+              "by 1/rate), exact at rate 1.", _SRC),
     counter(REUSE_EVICTED_TOTAL, "blocks", (*_E, "tier"),
-            "Blocks the reuse-distance tracker forgot to stay within its memory cap (oldest first).", _SRC),
+            "Blocks the reuse-distance tracker forgot to stay within its memory cap (oldest first; sampled "
+            "blocks scaled by 1/reuse_sample_rate).", _SRC),
+    counter(REUSE_STORES_TOTAL, "blocks", (*_E, "tier"),
+            "Block stores the reuse-distance tracker saw, first uses and reuses (sampled stores scaled by "
+            "1/reuse_sample_rate). LRU miss ratio of a b+1 block cache = 1 - reuse_distance bucket{le=b} / this.",
+            _SRC),
 )
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)$")
@@ -368,6 +375,7 @@ class VllmKvEventsCollector:
             buckets, total, count = st.reuse.cumulative()
             out.append(HistogramSample(REUSE_DISTANCE, tl, buckets, total, count))
             out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.estimated_evicted))
+            out.append(Sample(REUSE_STORES_TOTAL, tl, st.reuse.estimated_uses))
         return out
 
 
