@@ -7,9 +7,22 @@ from collectors import agent_self, disk, gpfs, lustre, network, nfs, otlp_traces
 from collectors.base import CollectorSpec
 from collectors.gpu_nvml import SPEC as NVML_SPEC
 
-# Each collector module declares its own SPEC; this table lists them in a stable order.
-_SPECS: list[CollectorSpec] = [vllm_kv_events.SPEC, NVML_SPEC, disk.SPEC, network.SPEC, rdma.SPEC, agent_self.SPEC,
-                               otlp_traces.SPEC, CORRELATION_SPEC, vllm_metrics.SPEC, nfs.SPEC, lustre.SPEC, gpfs.SPEC]
+# Each collector module declares its own SPEC; this table lists them in data-flow order (host sources,
+# GPU, engines, per-request sources, then the correlation engine that reads them all), one a line.
+_SPECS: list[CollectorSpec] = [
+    disk.SPEC,
+    network.SPEC,
+    rdma.SPEC,
+    nfs.SPEC,
+    lustre.SPEC,
+    gpfs.SPEC,
+    agent_self.SPEC,
+    NVML_SPEC,
+    vllm_metrics.SPEC,
+    vllm_kv_events.SPEC,
+    otlp_traces.SPEC,
+    CORRELATION_SPEC,
+]
 
 
 def collector_specs() -> dict[str, CollectorSpec]:
