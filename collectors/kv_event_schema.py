@@ -101,18 +101,21 @@ class LegacyStoredEvent(msgspec.Struct, tag="BlockStored", array_like=True, gc=F
     KIND: ClassVar[int] = STORED
     locality: ClassVar[str | None] = None  # the array form predates locality (0.26)
     block_hashes: list[BlockHash]
-    parent_block_hash: msgspec.Raw  # positional fields before medium: kept undecoded
+    # Positional fields before medium. Typed where decoding is free (nil, small ints come from CPython's
+    # cache) or as cheap as skipping; token_ids stays undecoded. An odd value fails over to the
+    # *AnyMedium struct below, which takes anything there.
+    parent_block_hash: BlockHash | None
     token_ids: msgspec.Raw
-    block_size: msgspec.Raw
-    lora_id: msgspec.Raw
-    medium: str | None
+    block_size: int
+    lora_id: int | None
+    medium: KnownMedium | None
 
 
 class LegacyRemovedEvent(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
     KIND: ClassVar[int] = REMOVED
     locality: ClassVar[str | None] = None
     block_hashes: list[BlockHash]
-    medium: str | None
+    medium: KnownMedium | None
 
 
 class LegacyClearedEvent(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
@@ -122,7 +125,26 @@ class LegacyClearedEvent(msgspec.Struct, tag="AllBlocksCleared", array_like=True
     locality: ClassVar[str | None] = None
 
 
+class LegacyStoredEventAnyMedium(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    KIND: ClassVar[int] = STORED
+    locality: ClassVar[str | None] = None
+    block_hashes: list[BlockHash]
+    parent_block_hash: msgspec.Raw
+    token_ids: msgspec.Raw
+    block_size: msgspec.Raw
+    lora_id: msgspec.Raw
+    medium: str | None
+
+
+class LegacyRemovedEventAnyMedium(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    KIND: ClassVar[int] = REMOVED
+    locality: ClassVar[str | None] = None
+    block_hashes: list[BlockHash]
+    medium: str | None
+
+
 LegacyEvent = LegacyStoredEvent | LegacyRemovedEvent | LegacyClearedEvent
+LegacyEventAnyMedium = LegacyStoredEventAnyMedium | LegacyRemovedEventAnyMedium | LegacyClearedEvent
 
 
 class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
@@ -131,7 +153,13 @@ class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-Event = MapEvent | MapEventAnyMedium | LegacyEvent
+class LegacyBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[LegacyEventAnyMedium]
+    data_parallel_rank: int | None = None
+
+
+Event = MapEvent | MapEventAnyMedium | LegacyEvent | LegacyEventAnyMedium
 
 
 class MalformedBatch(ValueError):
@@ -151,31 +179,28 @@ class BatchDecoder:
     """Decodes one msgpack payload into a DecodedBatch. Pure: no I/O, no state between calls."""
 
     def __init__(self) -> None:
-        self._current = msgspec.msgpack.Decoder(MapBatch)
-        self._current_any = msgspec.msgpack.Decoder(MapBatchAnyMedium)
-        self._legacy = msgspec.msgpack.Decoder(LegacyBatch)
+        # Tried in order; the first that fits wins. Known mediums first (the common case costs one
+        # decode); the plain-str structs give the same result for anything else. A legacy stream fails
+        # the map decoders at its first event, which costs little.
+        self._fast: tuple[tuple[msgspec.msgpack.Decoder[Any], str], ...] = (
+            (msgspec.msgpack.Decoder(MapBatch), "map"),
+            (msgspec.msgpack.Decoder(MapBatchAnyMedium), "map"),
+            (msgspec.msgpack.Decoder(LegacyBatch), "array"),
+            (msgspec.msgpack.Decoder(LegacyBatchAnyMedium), "array"),
+        )
         self._outer = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
         self._raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
         self._map_event = msgspec.msgpack.Decoder(MapEventAnyMedium)
-        self._legacy_event = msgspec.msgpack.Decoder(LegacyEvent)
+        self._legacy_event = msgspec.msgpack.Decoder(LegacyEventAnyMedium)
         self._any = msgspec.msgpack.Decoder()
 
     def decode(self, payload: bytes) -> DecodedBatch:
-        try:
-            b = self._current.decode(payload)
-            return DecodedBatch(b.ts, b.events, b.data_parallel_rank, "map")
-        except msgspec.DecodeError:
-            pass
-        try:
-            ab = self._current_any.decode(payload)
-            return DecodedBatch(ab.ts, ab.events, ab.data_parallel_rank, "map")
-        except msgspec.DecodeError:
-            pass
-        try:
-            lb = self._legacy.decode(payload)
-            return DecodedBatch(lb.ts, lb.events, lb.data_parallel_rank, "array")
-        except msgspec.DecodeError:
-            pass
+        for decoder, wire in self._fast:
+            try:
+                b = decoder.decode(payload)
+            except msgspec.DecodeError:
+                continue
+            return DecodedBatch(b.ts, b.events, b.data_parallel_rank, wire)
         return self._decode_slow(payload)
 
     def _decode_slow(self, payload: bytes) -> DecodedBatch:

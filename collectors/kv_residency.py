@@ -12,7 +12,7 @@ blocks would have kept it). Computed in O(log n) per reuse and O(1) per first us
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import chain
+from itertools import chain, groupby
 from math import ceil
 from operator import attrgetter, countOf
 from typing import Any
@@ -26,6 +26,7 @@ _INF_SLOT = len(REUSE_BOUNDS)
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
 _HASHES = attrgetter("block_hashes")
+_RUN_KEY = attrgetter("KIND", "medium", "locality")
 _U64 = 2**64 - 1
 # Mediums whose tier does not depend on locality (tier_of): a batch of them skips the locality check.
 _LOCALITY_BLIND = frozenset({"GPU", "CPU", "gpu", "cpu"})
@@ -274,19 +275,14 @@ class Residency:
                 state = self._tier_cache.get((medium, locality)) or self._state_for(medium, locality)
                 self._store(state, list(chain.from_iterable(map(_HASHES, events))))
                 return
-        # Mixed batches: consecutive events of one kind to one tier form a run, applied with one set
-        # operation (order between runs is kept, so a store and a later removal of a block still cancel).
+        # Mixed batches: consecutive events of one kind with one (medium, locality) form a group, found in
+        # C by groupby and applied with one set operation. Groups are applied in order, so a store and a
+        # later removal of the same block still cancel.
         cache = self._tier_cache
-        run: list[Any] = []
-        run_kind = STORED
-        run_state: TierState | None = None
-        for ev in events:
-            kind = ev.KIND
-            counts[kind] += 1
+        for (kind, medium, locality), group in groupby(events, _RUN_KEY):
+            run = list(group)
+            counts[kind] += len(run)
             if kind == CLEARED:
-                if run_state is not None:
-                    self._flush(run_kind, run_state, run)
-                    run, run_state = [], None
                 # AllBlocksCleared carries no medium: vLLM sends it when the GPU prefix cache is reset
                 # (BlockPool.reset_prefix_cache); offload tiers keep their blocks. G1 is now known empty.
                 g1 = self.tier(Tier.G1)
@@ -294,15 +290,8 @@ class Residency:
                 g1.resident.clear()
                 g1.known = True
                 continue
-            medium, locality = ev.medium, ev.locality
             state = cache.get((medium, locality)) or self._state_for(medium, locality)
-            if state is not run_state or kind != run_kind:
-                if run_state is not None:
-                    self._flush(run_kind, run_state, run)
-                run, run_kind, run_state = [], kind, state
-            run += ev.block_hashes
-        if run_state is not None:
-            self._flush(run_kind, run_state, run)
+            self._flush(kind, state, list(chain.from_iterable(map(_HASHES, run))))
 
     def _flush(self, kind: int, state: TierState, hashes: list[Any]) -> None:
         if kind == STORED:

@@ -249,3 +249,15 @@ def test_config_accepts_exact_rate() -> None:
             "reuse_sample_rate = 1.0\n")
     _, options = load_config(text, collector_specs(), environ={}).collectors[NAME]
     assert options.reuse_sample_rate == 1.0
+
+
+def test_legacy_arrays_with_unlisted_values_decode_through_the_general_structs() -> None:
+    data = msgspec.msgpack.encode([2.0, [
+        ["BlockStored", [5], b"\x01", [1], 4, "lora-x", "storage"],  # bytes parent, odd lora_id, odd medium
+        ["BlockRemoved", [5], "Storage"]], None])
+    b = BatchDecoder().decode(data)
+    assert b.wire_format == "array"
+    assert [(e.block_hashes, e.medium, e.locality) for e in b.events] == [([5], "storage", None),
+                                                                          ([5], "Storage", None)]
+    fast = BatchDecoder().decode(msgspec.msgpack.encode([2.0, [["BlockStored", [5], None, [1], 4, None, "CPU"]], 0]))
+    assert type(fast.events[0]).__name__ == "LegacyStoredEvent" and fast.events[0].medium == "CPU"
