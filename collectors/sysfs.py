@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from agent.catalogue import counter
 from agent.readings import Sample
@@ -89,3 +91,17 @@ class InputErrors:
 
     def sample(self) -> Sample:
         return Sample(INPUT_ERRORS_METRIC, (self.collector,), float(self.total))
+
+
+def block_device_of(path: Path, sys_root: str = "/sys") -> str | None:
+    """The whole disk holding `path`, as /proc/diskstats and /sys/block name it (a partition's parent),
+    or None where there is none the disk collector can see (tmpfs, overlay, NFS, no sysfs)."""
+    dev = os.stat(path).st_dev
+    link = Path(sys_root) / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        real = link.resolve(strict=True)
+    except OSError:
+        return None
+    if (real / "partition").exists():
+        real = real.parent
+    return real.name if (Path(sys_root) / "block" / real.name).exists() else None

@@ -13,8 +13,9 @@ import pytest
 
 from agent.config import load_config
 from agent.reference.engine import EngineConfig
-from agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, block_device_of, run_noisy_neighbour
+from agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, run_noisy_neighbour
 from collectors.registry import collector_specs
+from collectors.sysfs import block_device_of
 
 MIB = 1 << 20
 
@@ -25,6 +26,9 @@ def test_block_device_of_resolves_a_partition_to_its_disk(tmp_path: Path) -> Non
     part = sys_root / "devices" / "virtual" / "block" / "nvme0n1" / "nvme0n1p2"
     part.mkdir(parents=True)
     (part / "partition").write_text("2\n")
+    (sys_root / "block").mkdir()
+    for disk in ("nvme0n1", "nvme0n1p2"):  # /sys/block lists whole disks only; the second stands for one
+        (sys_root / "block" / disk).mkdir()
     (sys_root / "dev" / "block").mkdir(parents=True)
     (sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(part)
     assert block_device_of(tmp_path, str(sys_root)) == "nvme0n1"

@@ -13,11 +13,12 @@ import pytest
 from agent.cli import main
 from agent.config import load_config
 from agent.selftest.checks import Check, Figures, compare
-from agent.selftest.harness import agent_config_text, block_device_of
+from agent.selftest.harness import agent_config_text
 from agent.selftest.plans import SharedPromptsPlan
 from agent.selftest.report import as_json, table
 from agent.selftest.runner import run_plans
 from collectors.registry import collector_specs
+from collectors.sysfs import block_device_of
 
 SMALL_PLAN = SharedPromptsPlan(requests=16, prompts=4, concurrency=3)
 

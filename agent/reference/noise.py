@@ -38,22 +38,10 @@ from agent.reference.openai_server import ReferenceServer
 from agent.reference.scenarios import LoadResult, _drive, _prompt, running_engine
 from agent.runtime import Agent, build_agent
 from collectors.registry import collector_specs
+from collectors.sysfs import block_device_of
 
 MIB = 1 << 20
 Mode = Literal["read", "write", "mixed"]
-
-
-def block_device_of(path: Path, sys_root: str = "/sys") -> str | None:
-    """The whole disk (as /proc/diskstats names it) holding `path`, or None (tmpfs, overlay, NFS...)."""
-    dev = os.stat(path).st_dev
-    link = Path(sys_root) / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
-    try:
-        real = link.resolve(strict=True)
-    except OSError:
-        return None
-    if (real / "partition").exists():  # a partition: its disk is the parent directory
-        real = real.parent
-    return real.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import urllib.request
@@ -41,6 +40,7 @@ from agent.reference.truth import RequestTruth
 from agent.runtime import Agent, build_agent
 from agent.tiers import STORAGE_TIERS
 from collectors.registry import collector_specs
+from collectors.sysfs import block_device_of
 
 log = logging.getLogger("kvscope.selftest")
 
@@ -86,19 +86,6 @@ class RunCapture:
     disk_device: str | None
     block_tokens: int
     config: EngineConfig
-
-
-def block_device_of(path: Path, sys_root: str = "/sys") -> str | None:
-    """The whole disk holding `path` (a partition's parent), or None (tmpfs, overlay, no sysfs)."""
-    dev = os.stat(path).st_dev
-    link = Path(sys_root) / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
-    try:
-        real = link.resolve(strict=True)
-    except OSError:
-        return None
-    if (real / "partition").exists():
-        real = real.parent
-    return real.name if (Path(sys_root) / "block" / real.name).exists() else None
 
 
 def _toml_str(s: str) -> str:
