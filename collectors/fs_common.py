@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from agent.catalogue import counter, gauge
 from agent.readings import Reading, Sample
+from collectors.sysfs import InputErrors, read_text
 
 FS_LABELS = ("mount", "fstype")
 FS_SOURCE = "NFS /proc/self/mountstats, Lustre llite.*.stats, Storage Scale mmpmon fs_io_s"
@@ -87,6 +88,15 @@ def parse_mountinfo(text: str) -> list[MountEntry]:
             continue
         out.append(MountEntry(unescape(parts[3]), unescape(parts[4]), parts[dash + 1], unescape(parts[dash + 2])))
     return out
+
+
+def read_mounts(path: str, errors: InputErrors, fallback: str) -> list[MountEntry]:
+    """The mount table at `path`; unreadable means no mount points (labels fall back to `fallback`)."""
+    try:
+        return parse_mountinfo(read_text(path))
+    except OSError as exc:
+        errors.note("mountinfo", f"cannot read {path} (labels fall back to {fallback}): {exc}")
+        return []
 
 
 def mount_point_of(mounts: Iterable[MountEntry], fstype: str, is_source: Callable[[str], bool]) -> str | None:

@@ -32,11 +32,11 @@ from collectors.fs_common import (
     ToolError,
     check_tool,
     mount_point_of,
-    parse_mountinfo,
+    read_mounts,
     run_tool,
     under_root,
 )
-from collectors.sysfs import INPUT_ERRORS, InputErrors, read_text
+from collectors.sysfs import INPUT_ERRORS, InputErrors
 
 log = logging.getLogger("kvscope.collectors.gpfs")
 
@@ -136,14 +136,7 @@ class GpfsCollector:
         self._errors = InputErrors("gpfs", log)
 
     def _mounts(self) -> list[MountEntry]:
-        if not self._resolve:
-            return []
-        try:
-            return parse_mountinfo(read_text(self._mountinfo))
-        except OSError as exc:
-            self._errors.note("mountinfo", f"cannot read {self._mountinfo} (labels fall back to file system "
-                                           f"names): {exc}")
-            return []
+        return read_mounts(self._mountinfo, self._errors, "file system names") if self._resolve else []
 
     def collect(self) -> list[Reading]:
         try:

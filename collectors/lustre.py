@@ -39,7 +39,7 @@ from collectors.fs_common import (
     ToolError,
     check_tool,
     mount_point_of,
-    parse_mountinfo,
+    read_mounts,
     run_tool,
     under_root,
 )
@@ -171,14 +171,7 @@ class LustreCollector:
         return texts
 
     def _mounts(self) -> list[MountEntry]:
-        if not self._resolve:
-            return []
-        try:
-            return parse_mountinfo(read_text(self._mountinfo))
-        except OSError as exc:
-            self._errors.note("mountinfo", f"cannot read {self._mountinfo} (labels fall back to instance "
-                                           f"names): {exc}")
-            return []
+        return read_mounts(self._mountinfo, self._errors, "instance names") if self._resolve else []
 
     def collect(self) -> list[Reading]:
         if self._lctl:
