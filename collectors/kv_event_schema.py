@@ -82,6 +82,23 @@ MapEvent = StoredEvent | RemovedEvent | ClearedEvent
 MapEventAnyMedium = StoredEventAnyMedium | RemovedEventAnyMedium | ClearedEvent
 
 
+class GpuStoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
+    """A BlockStored in a batch of GPU BlockStored events only: the usual batch while the GPU prefix
+    cache has room (nothing is evicted) and of kv_cache_report_mode=full re-announcements. Only
+    GpuStoresBatch decodes it, so aggregating such a batch needs no per-event type or tier check."""
+
+    KIND: ClassVar[int] = STORED
+    locality: ClassVar[str | None] = None  # skipped on the wire: G1 does not depend on it
+    block_hashes: list[BlockHash]
+    medium: Literal["GPU"]
+
+
+class GpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[GpuStoredEvent]
+    data_parallel_rank: int | None = None
+
+
 class MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[MapEvent]
@@ -147,6 +164,25 @@ LegacyEvent = LegacyStoredEvent | LegacyRemovedEvent | LegacyClearedEvent
 LegacyEventAnyMedium = LegacyStoredEventAnyMedium | LegacyRemovedEventAnyMedium | LegacyClearedEvent
 
 
+class LegacyGpuStoredEvent(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    """GpuStoredEvent's array form: only LegacyGpuStoresBatch decodes it."""
+
+    KIND: ClassVar[int] = STORED
+    locality: ClassVar[str | None] = None
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: msgspec.Raw
+    block_size: int
+    lora_id: int | None
+    medium: Literal["GPU"]
+
+
+class LegacyGpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[LegacyGpuStoredEvent]
+    data_parallel_rank: int | None = None
+
+
 class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[LegacyEvent]
@@ -159,7 +195,7 @@ class LegacyBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-Event = MapEvent | MapEventAnyMedium | LegacyEvent | LegacyEventAnyMedium
+Event = GpuStoredEvent | LegacyGpuStoredEvent | MapEvent | MapEventAnyMedium | LegacyEvent | LegacyEventAnyMedium
 
 
 class MalformedBatch(ValueError):
@@ -173,15 +209,29 @@ class DecodedBatch:
     data_parallel_rank: int | None
     wire_format: str  # "map" (vLLM >= 0.24) or "array" (<= 0.23)
     unknown_events: int = 0  # events of a type this decoder does not know (a newer vLLM), skipped
+    gpu_stores_only: bool = False  # every event is a GPU BlockStored (decoded as GpuStoredEvent)
+
+
+# After a batch that is not GPU stores only, skip that decoder for this many batches: a stream with
+# offloading or evictions then wastes at most one failed partial decode in this many + 1.
+_GPU_STORES_BACKOFF = 16
 
 
 class BatchDecoder:
-    """Decodes one msgpack payload into a DecodedBatch. Pure: no I/O, no state between calls."""
+    """Decodes one msgpack payload into a DecodedBatch. No I/O; the result depends on the payload only
+    (the one piece of state, a back-off counter, only chooses which decoder to try first)."""
 
     def __init__(self) -> None:
         # Tried in order; the first that fits wins. Known mediums first (the common case costs one
         # decode); the plain-str structs give the same result for anything else. A legacy stream fails
         # the map decoders at its first event, which costs little.
+        # Batches of GPU stores only, in either wire form (a map stream fails the array one at its first
+        # event, and the other way round, which costs little). Tried first unless backing off.
+        self._gpu_stores: tuple[tuple[msgspec.msgpack.Decoder[Any], str], ...] = (
+            (msgspec.msgpack.Decoder(GpuStoresBatch), "map"),
+            (msgspec.msgpack.Decoder(LegacyGpuStoresBatch), "array"),
+        )
+        self._gpu_backoff = 0
         self._fast: tuple[tuple[msgspec.msgpack.Decoder[Any], str], ...] = (
             (msgspec.msgpack.Decoder(MapBatch), "map"),
             (msgspec.msgpack.Decoder(MapBatchAnyMedium), "map"),
@@ -195,6 +245,16 @@ class BatchDecoder:
         self._any = msgspec.msgpack.Decoder()
 
     def decode(self, payload: bytes) -> DecodedBatch:
+        if self._gpu_backoff:
+            self._gpu_backoff -= 1
+        else:
+            for decoder, wire in self._gpu_stores:
+                try:
+                    g = decoder.decode(payload)
+                except msgspec.DecodeError:
+                    continue
+                return DecodedBatch(g.ts, g.events, g.data_parallel_rank, wire, 0, True)
+            self._gpu_backoff = _GPU_STORES_BACKOFF
         for decoder, wire in self._fast:
             try:
                 b = decoder.decode(payload)

@@ -27,6 +27,7 @@ _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
 _HASHES = attrgetter("block_hashes")
 _RUN_KEY = attrgetter("KIND", "medium", "locality")
+_GPU_KEY = ("GPU", None)
 _U64 = 2**64 - 1
 # Mediums whose tier does not depend on locality (tier_of): a batch of them skips the locality check.
 _LOCALITY_BLIND = frozenset({"GPU", "CPU", "gpu", "cpu"})
@@ -253,14 +254,21 @@ class Residency:
             state = self._tier_cache[key] = self.tier(tier_of(medium, locality))
         return state
 
-    def apply(self, events: list[Any], unknown: int = 0) -> None:
+    def apply(self, events: list[Any], unknown: int = 0, gpu_stores_only: bool = False) -> None:
         """Apply decoded events (kv_event_schema structs) in order. The hot loop of the subscriber.
 
-        Consecutive stores to one tier are gathered and applied as one run (set update, one pass of
-        the reuse tracker); any other event, or a store to another tier, flushes the run first.
+        `gpu_stores_only`: the decoder found every event to be a GPU BlockStored (DecodedBatch), so
+        they all go to G1 without a check. Otherwise a batch of stores to one tier is applied as one run
+        after a check in C, and a mixed batch as runs of consecutive events of one kind and tier.
         """
         counts = self.events
         self.unknown_events += unknown
+        if gpu_stores_only:
+            if events:
+                counts[STORED] += len(events)
+                state = self._tier_cache.get(_GPU_KEY) or self._state_for(*_GPU_KEY)
+                self._store(state, list(chain.from_iterable(map(_HASHES, events))))
+            return
         n = len(events)
         if n:
             # The usual batch: only stores, all to one tier. Checked in C: countOf compares by identity

@@ -254,7 +254,7 @@ class VllmKvEventsCollector:
         expected = stream.expected
         if expected is not None and seq == expected:  # the common case: in order
             with self._lock:
-                stream.residency.apply(batch.events, batch.unknown_events)
+                stream.residency.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
             stream.expected = seq + 1
             return
         self._reconcile(stream, seq, batch)
@@ -276,7 +276,7 @@ class VllmKvEventsCollector:
                 stream.restarts += 1
                 res.restart()
             for old in recovered:
-                res.apply(old.events, old.unknown_events)
+                res.apply(old.events, old.unknown_events, old.gpu_stores_only)
             stream.replayed += len(recovered)
             if not first:  # a late joiner's earlier batches were never ours to lose
                 stream.dropped += want
@@ -285,7 +285,7 @@ class VllmKvEventsCollector:
                 res.set_complete(False)
             elif first or restart:
                 res.set_complete(True)  # every batch since seq 0 is applied
-            res.apply(batch.events, batch.unknown_events)
+            res.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
         if restart:
             self._log_once(stream, "restart", "publisher restarted (seq %d after %d)", seq, expected)
         if missing and not first:

@@ -16,8 +16,12 @@ from agent.readings import HistogramSample, Sample
 from agent.tiers import Tier
 from collectors.kv_event_schema import (
     BatchDecoder,
+    GpuStoredEvent,
+    RemovedEvent,
     StoredEvent,
     StoredEventAnyMedium,
+    Vllm020Batch,
+    Vllm020BlockStored,
     Vllm033AllBlocksCleared,
     Vllm033Batch,
     Vllm033BlockRemoved,
@@ -118,7 +122,8 @@ def test_batched_residency_and_exact_reuse_match_the_reference(seed: int) -> Non
     for _ in range(300):
         batch = random_batch(rng, pool)
         ref.apply(batch)
-        res.apply(decoder.decode(msgspec.msgpack.encode(batch)).events)
+        decoded = decoder.decode(msgspec.msgpack.encode(batch))
+        res.apply(decoded.events, decoded.unknown_events, decoded.gpu_stores_only)
     assert set(ref.counts) <= set(res.tiers)
     for tier, state in res.tiers.items():
         assert state.resident == ref.resident.get(tier, set()), tier
@@ -131,6 +136,31 @@ def test_batched_residency_and_exact_reuse_match_the_reference(seed: int) -> Non
             per_slot[slot(d)] += 1
         assert [c for _, c in buckets] == list(itertools.accumulate(per_slot)), tier
         assert state.reuse.estimated_uses == len(ref.stores.get(tier, []))
+
+
+def test_gpu_stores_only_decoder_and_its_back_off() -> None:
+    def stores(medium: str = "GPU") -> bytes:
+        return msgspec.msgpack.encode(Vllm033Batch(1.0, [
+            Vllm033BlockStored([h], None, [1], 16, None, medium, None, locality="LOCAL") for h in (1, 2, 1)], 0))
+
+    removal = msgspec.msgpack.encode(Vllm033Batch(1.0, [Vllm033BlockRemoved([1], "GPU")], 0))
+    decoder = BatchDecoder()
+    first = decoder.decode(stores())
+    assert first.gpu_stores_only and type(first.events[0]) is GpuStoredEvent
+    assert [e.block_hashes for e in first.events] == [[1], [2], [1]]
+    removed = decoder.decode(removal)  # a BlockRemoved with medium GPU is not a GpuStoredEvent
+    assert not removed.gpu_stores_only and type(removed.events[0]) is RemovedEvent
+    # after a miss the GPU-stores decoder is skipped for 16 batches; the result is the same either way
+    flags = [decoder.decode(stores()).gpu_stores_only for _ in range(17)]
+    assert flags == [False] * 16 + [True]
+    assert not decoder.decode(stores("CPU")).gpu_stores_only
+    res = Residency(max_tracked=8)
+    for payload in (stores(), stores("CPU"), removal):
+        b = BatchDecoder().decode(payload)
+        res.apply(b.events, b.unknown_events, b.gpu_stores_only)
+    assert (res.tier(Tier.G1).stored, res.tier(Tier.G1).removed, len(res.tier(Tier.G1).resident)) == (2, 1, 1)
+    assert len(res.tier(Tier.G2).resident) == 2 and res.events == [6, 1, 0]
+    assert res.tier(Tier.G1).reuse.cumulative()[2] == 1  # 1, 2, 1: one reuse at distance 1
 
 
 def test_known_mediums_take_the_fast_decoder_and_others_decode_the_same() -> None:
@@ -261,3 +291,11 @@ def test_legacy_arrays_with_unlisted_values_decode_through_the_general_structs()
                                                                           ([5], "Storage", None)]
     fast = BatchDecoder().decode(msgspec.msgpack.encode([2.0, [["BlockStored", [5], None, [1], 4, None, "CPU"]], 0]))
     assert type(fast.events[0]).__name__ == "LegacyStoredEvent" and fast.events[0].medium == "CPU"
+
+
+def test_legacy_gpu_stores_only_batch() -> None:
+    batch = Vllm020Batch(1.0, [Vllm020BlockStored([h], None, [1, 2], 16, None, "GPU", None) for h in (9, 2**64 - 1)], 0)
+    b = BatchDecoder().decode(msgspec.msgpack.encode(batch))
+    assert (b.gpu_stores_only, b.wire_format) == (True, "array")
+    assert [(e.block_hashes, e.medium, e.locality) for e in b.events] == [([9], "GPU", None),
+                                                                          ([2**64 - 1], "GPU", None)]
