@@ -38,6 +38,7 @@ import msgspec
 import zmq
 
 from collectors.kv_event_schema import (
+    GpuStoresBatch,
     LegacyBatch,
     MapBatch,
     Vllm020Batch,
@@ -121,6 +122,7 @@ def bench_decode(ctx: zmq.Context[Any], rounds: int = 9) -> None:
     mixed = make_payloads(2048, seed=3, removed=EVENTS_PER_BATCH // 4)
     legacy = make_payloads(2048, seed=4, legacy=True)
     full33, sub33 = msgspec.msgpack.Decoder(Vllm033Batch), msgspec.msgpack.Decoder(MapBatch)
+    gpu33 = msgspec.msgpack.Decoder(GpuStoresBatch)
     full20, sub20 = msgspec.msgpack.Decoder(Vllm020Batch), msgspec.msgpack.Decoder(LegacyBatch)
     rate = f"rate 1/{1 / DEFAULT_RATE:.0f}"
     goal_case = f"kvscope, new blocks ({rate}, the default)"
@@ -131,6 +133,7 @@ def bench_decode(ctx: zmq.Context[Any], rounds: int = 9) -> None:
     cases: list[tuple[str, Callable[[], float], str]] = [
         (ref33, lambda: run_raw(full33, new), ref33),
         ("raw msgspec decode, subset structs (MapBatch)", lambda: run_raw(sub33, new), ref33),
+        ("raw msgspec decode, GPU-stores subset (ours here)", lambda: run_raw(gpu33, new), ref33),
         (goal_case, lambda: run_pipeline(ctx, seq_frames(new), DEFAULT_RATE), ref33),
         ("kvscope, new blocks (exact reuse, rate 1)", lambda: run_pipeline(ctx, seq_frames(new), 1.0), ref33),
         (f"kvscope, half the stores are reuses ({rate})",

@@ -140,10 +140,11 @@ class ReuseTracker:
         last = self._last
         t = self._now
         n = len(keys)
-        if (t + n <= self._span and len(last) + n <= self._high and last.keys().isdisjoint(keys)
+        if (n > 8 and t + n <= self._span and len(last) + n <= self._high and last.keys().isdisjoint(keys)
                 and len(set(keys)) == n):
-            # only first uses (the common case without kv_cache_report_mode=full): C-level insert
-            last.update(zip(keys, range(t, t + n), strict=True))
+            # only first uses (the common case without kv_cache_report_mode=full): C-level insert. For a
+            # few keys (a sampled batch) the checks cost more than the loop below.
+            last.update(zip(keys, range(t, t + n), strict=False))  # equal lengths by construction
             self._now = t + n
             return
         get = last.get
