@@ -8,12 +8,19 @@ Source of truth: shared/facts/vllm.md §2.2–2.6 (vLLM `vllm/distributed/kv_eve
 - vLLM ≤ 0.23 encodes each event as a tagged array `["BlockStored", hashes, parent, tokens, ...]`;
   trailing fields a version adds are ignored (msgspec skips extra array elements).
 
-The decoder picks the encoding per message: the current form first (the common case costs one decode),
-then the legacy form, then a slow path that also accepts a batch encoded as a map (a short-lived
-main-branch state) and skips event types this module does not know, counting them.
+The decoder picks the encoding per message, trying msgspec decoders in order until one fits:
+1. a batch of GPU BlockStored only (map or array form): the usual batch while the GPU cache has room,
+   and the one the aggregation can take without any per-event check (skipped for 16 batches after a
+   batch that is not one, so a stream with evictions or offloading rarely pays for the failed try);
+2. the current map form, then the legacy array form, each first with the mediums and localities vLLM
+   is known to send as Literals (one shared str per value, no allocation) and then with plain str;
+3. a slow path that also accepts a batch encoded as a map (a short-lived main-branch state) and skips
+   event types this module does not know, counting them.
+All give the same events for a payload they both accept; only the cost differs.
 
 Decoding declares only the fields residency needs (hashes, medium, locality): msgspec then skips the
-token ids, which are most of the bytes, without building Python objects for them.
+token ids, which are most of the bytes, without building Python objects for them. That alone is about
+twice as fast as decoding vLLM's full schema (bench/bench_kv_events.py).
 
 The `Vllm033*` and `Vllm020*` structs mirror the publisher's own definitions; they encode fixtures,
 test streams and benchmark load byte-for-byte as those vLLM versions do.
