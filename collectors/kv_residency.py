@@ -75,8 +75,9 @@ class ReuseTracker:
     Sampling (SHARDS, Waldspurger et al., FAST 2015): with `sample_rate` R < 1 only blocks whose hash
     is below R × 2**64 are tracked (a fixed pseudo-random subset of the blocks, all uses of each), each
     distance measured among them is scaled by 1/R and each sampled reuse counts 1/R reuses. The
-    histogram is then an unbiased estimate at a fraction R of the cost and memory; R = 1 is exact.
-    Distances below about 1/R blocks are not resolved (the scaled distances are multiples of 1/R).
+    histogram is then an estimate (unbiased over the choice of hash) at a fraction R of the cost and
+    memory; R = 1 is exact. A distance d is estimated from about d × R sampled blocks, so distances
+    below a few times 1/R are blurred (the scaled distances are multiples of 1/R).
 
     Each use gets a time index t. A block's latest use is a live marker at its time; when the block is
     used again its old marker dies. The distance of a reuse at t of a block last used at p is the number
@@ -129,7 +130,7 @@ class ReuseTracker:
         """Uses (first uses and reuses) scaled to the whole stream: the miss-ratio curve's denominator.
 
         Dividing the histogram by this rather than by the exact number of uses normalises by what was
-        sampled (a ratio estimator), which cancels most of the error of over- or under-sampling hot blocks.
+        sampled (a ratio estimator), which reduces the error from over- or under-sampling hot blocks.
         """
         return self.uses * self._scale
 
