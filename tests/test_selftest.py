@@ -182,3 +182,22 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
     assert done["fetch"] == pytest.approx(0.4) and done["prefill"] == pytest.approx(0.4)
     assert done["queue"] == pytest.approx(0.1) and done["other"] == pytest.approx(0.1)
     assert done.get("overflow", 0.0) == 0.0
+
+
+def test_noisy_phase_checks_pass_on_agreement_and_miss_on_a_wrong_split() -> None:
+    from agent.reference.noise import PhaseView
+    from agent.reference.scenarios import LoadResult
+    from agent.reference.truth import RequestTruth
+    from agent.selftest.noisy import _phase_checks
+
+    truths = [RequestTruth(str(i), 0.0, 2048, queue_s=0.01, fetch_s={"G4": 0.08}, prefill_compute_s=0.01,
+                           ttft_s=0.1) for i in range(4)]
+    load = LoadResult("quiet", 4, 1.0, truths)
+
+    def view(fetch: float, prefill: float) -> PhaseView:
+        return PhaseView("quiet", 4.0, 0.4, {"queue": 0.04, "fetch": fetch, "prefill": prefill, "other": 0.0},
+                         1.0, 1.0, [])
+
+    assert all(c.passed for c in _phase_checks("x", load, view(0.32, 0.04)))
+    missed = [c.quantity for c in _phase_checks("x", load, view(0.26, 0.10)) if not c.passed]
+    assert missed == ["TTFT share fetch %", "TTFT share prefill %"]

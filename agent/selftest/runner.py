@@ -13,15 +13,18 @@ from typing import Any
 from agent import __version__
 from agent.selftest.checks import Check, check_run
 from agent.selftest.harness import Harness, RunCapture
+from agent.selftest.noisy import NoisyPlan, noisy_checks
 from agent.selftest.plans import SharedPromptsPlan, SweepPlan
 
-Plan = SharedPromptsPlan | SweepPlan
+Plan = SharedPromptsPlan | SweepPlan | NoisyPlan
 DEFAULT_PLANS: dict[str, Plan] = {
     # small geometry: real bytes, small files; queueing at concurrency 4 dominates TTFT
     "shared-prompts": SharedPromptsPlan(),
     # the seeds' G4 test with gpt-oss-120b's KV geometry (9 MiB blocks) and compute in real time
     "ttft-sweep": SweepPlan(lengths=(1024, 1536, 2048, 3072, 4096), block_tokens=128, time_scale=2.0,
                             model="gpt-oss-120b"),
+    # the seeds' G4 test quiet, then with competing I/O on G4's disk (O_DIRECT block files)
+    "noisy-neighbour": NoisyPlan(),
 }
 
 
@@ -39,6 +42,11 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
     with tempfile.TemporaryDirectory(prefix="kvscope-selftest-") as tmp:
         base = workdir or Path(tmp)
         for name, plan in plans.items():
+            if isinstance(plan, NoisyPlan):
+                start = time.monotonic()
+                rows.extend((name, c) for c in noisy_checks(plan, base))
+                meta["scenarios"][name] = {"plan": asdict(plan), "seconds": round(time.monotonic() - start, 2)}
+                continue
             harness = Harness(base / name / "agent", interval=interval)
             start = time.monotonic()
             try:
