@@ -20,7 +20,7 @@ import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from google.protobuf import json_format
@@ -33,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from agent.catalogue import counter
 from agent.config import parse_listen
 from agent.correlation.records import RecordBuffer, RequestRecord, shared_buffer
+from agent.http_server import QuietHTTPServer
 from agent.readings import Reading, Sample
 from collectors.base import CollectorContext, CollectorSpec
 
@@ -181,7 +182,7 @@ class OtlpTracesReceiver:
         self._labels = Labels(options.engine, options.model, options.dp_rank)
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._logged: set[str] = set()
 
@@ -208,8 +209,7 @@ class OtlpTracesReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # access logs would be one line per export; outcomes are counted instead
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = QuietHTTPServer((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-traces", daemon=True)
         self._thread.start()
 

@@ -6,12 +6,13 @@ import gzip
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as _generate_openmetrics
 
+from agent.http_server import QuietHTTPServer
 from agent.store import Store
 from exporters.prometheus import StoreCollector, TextRenderer
 from exporters.webconfig import WebConfig
@@ -45,8 +46,7 @@ class MetricsServer:
         self.web = web or WebConfig()
         self.routes = extra_routes or {}
         handler = self._handler_class()
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = QuietHTTPServer((host, port), handler)
         if self.web.tls is not None:
             self.httpd.socket = self.web.tls.wrap_socket(self.httpd.socket, server_side=True)
         self._thread: threading.Thread | None = None

@@ -14,11 +14,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from agent.http_server import QuietHTTPServer
 from agent.reference import tokenizer
 from agent.reference.engine import Engine, EngineRequest
 
@@ -28,8 +29,7 @@ log = logging.getLogger("kvscope.reference.http")
 class ReferenceServer:
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
         self.engine = engine
-        self.httpd = ThreadingHTTPServer((host, port), _handler(engine))
-        self.httpd.daemon_threads = True
+        self.httpd = QuietHTTPServer((host, port), _handler(engine))
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="reference-http", daemon=True)
 
     @property
