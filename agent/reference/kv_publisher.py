@@ -23,48 +23,17 @@ import msgspec
 import zmq
 
 from agent.reference.tierstore import MEDIUM, BlockEvent
+from collectors.kv_event_schema import Vllm033AllBlocksCleared as AllBlocksCleared
+from collectors.kv_event_schema import Vllm033Batch as KVEventBatch
+from collectors.kv_event_schema import Vllm033BlockRemoved as BlockRemoved
+from collectors.kv_event_schema import Vllm033BlockStored as BlockStored
 
 log = logging.getLogger("kvscope.reference.kv_events")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[object] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    pass
-
-
+# vLLM 0.33's wire structs, shared with the subscriber's schema (byte-exact against the facts' examples)
 Event = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Event]
-    data_parallel_rank: int | None = None
 
 
 def to_wire(e: BlockEvent) -> BlockStored | BlockRemoved:
