@@ -33,6 +33,8 @@ from agent.tiers import STORAGE_TIERS
 
 COMPONENTS = ("queue", "fetch", "prefill", "other")
 SHARE_PP = 5.0
+# fetch intervals are placed from each span's phase lengths (correlation.md §5); 10 % as per request
+STALL_RELATIVE = 0.10
 REQUEST_FRACTION_OF_TTFT = 0.10
 REQUESTS_WITHIN = 0.90
 SAVED_RELATIVE = 0.10
@@ -54,6 +56,7 @@ class Figures:
     components: dict[str, float] = field(default_factory=dict)  # seconds summed over requests
     per_request: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # id -> ttft, fetch, prefill
     prefill_saved: float = 0.0  # net seconds (saved − lost) over requests that reused tokens
+    fetch_stall: float = 0.0  # device idle while a request fetched and none computed, seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,8 @@ def truth_figures(run: RunCapture) -> Figures:
         f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s)
         if t.tokens_by_tier:
             f.prefill_saved += t.recompute_s - (t.prefill_compute_s + t.fetch_total_s)
+        # one device loop fetches synchronously, then computes: the device is idle for every fetch
+        f.fetch_stall += t.fetch_total_s
     f.requests = f.ttft_count = float(len(run.truths))
     f.link_bytes = {k: float(v) for k, v in run.link_bytes.items()}
     f.resident_blocks = {k: float(v) for k, v in run.resident.items()}
@@ -131,6 +136,8 @@ def measured_figures(run: RunCapture) -> Figures:
             saved += value
         elif name == "kvscope_prefill_lost_seconds_total":
             lost += value
+        elif name == "kvscope_gpu_fetch_stall_seconds_total":
+            f.fetch_stall += value
     f.prefill_saved = saved - lost
     for line in run.requests:
         parts = line.get("components", {})
@@ -173,6 +180,10 @@ def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
     t, m = truth.prefill_saved, measured.prefill_saved
     err = (m - t) / abs(t) if t else (0.0 if m == 0 else math.inf)
     out.append(Check(run, "prefill saved s (net)", t, m, err, f"rel {SAVED_RELATIVE:g}", abs(err) <= SAVED_RELATIVE))
+    t, m = truth.fetch_stall, measured.fetch_stall
+    err = (m - t) / t if t else (0.0 if m == 0 else math.inf)
+    out.append(Check(run, "GPU fetch stall s (device slot)", t, m, err, f"rel {STALL_RELATIVE:g}",
+                     abs(err) <= STALL_RELATIVE))
     return out
 
 

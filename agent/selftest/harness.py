@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import load_config
+from agent.reference.device import DeviceSamples
 from agent.reference.engine import Engine, EngineConfig
 from agent.reference.openai_server import ReferenceServer
 from agent.reference.tierstore import Transfer
@@ -190,6 +191,9 @@ class Harness:
                                      config.served_model_name, device, run_dir / "requests.jsonl", self.interval)
             (run_dir / "kvscope.toml").write_text(text)
             agent = build_agent(load_config(text, collector_specs(), environ={}, origin="selftest"))
+            # the device slot stands in for the GPU the NVML collector would report (fetch stall)
+            agent.context.extras["gpu_intervals"] = DeviceSamples(lambda: list(engine.device_intervals),
+                                                                  engine.wall_at(engine.clock()), time.time)
             agent.start()
             engine.tracer = RequestTracer(f"http://127.0.0.1:{self._receiver_port(agent)}")
             assert agent.server is not None
