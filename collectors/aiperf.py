@@ -67,6 +67,7 @@ class Scrape:
     timestamp_ns: int
     latency_ns: int | None
     entries: tuple[ScrapeEntry, ...]
+    phase: str = ""  # AIPerf's benchmark_phase (warmup, profiling), when it writes one
 
 
 @dataclass(slots=True)
@@ -147,7 +148,8 @@ def _float(value: Any) -> float:
     return float(value)  # "+Inf" as a bucket bound parses too
 
 
-def _entry(name: str, raw: Any) -> ScrapeEntry:
+def parse_entry(name: str, raw: Any) -> ScrapeEntry:
+    """One metric entry of a scrape; raises ValueError/KeyError/TypeError on a malformed one."""
     if not isinstance(raw, dict):
         raise ValueError("an entry must be an object")
     labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
@@ -183,13 +185,13 @@ def parse_server_metrics(text: str) -> ServerMetricsExport:
         for name, raws in metrics.items():
             for raw in raws if isinstance(raws, list) else [raws]:
                 try:
-                    entries.append(_entry(str(name), raw))
+                    entries.append(parse_entry(str(name), raw))
                 except (ValueError, KeyError, TypeError, AttributeError):
                     out.bad_entries += 1
         latency = data.get("endpoint_latency_ns")
         out.scrapes.append(Scrape(str(data.get("endpoint_url", "")), timestamp,
                                   latency if isinstance(latency, int) and not isinstance(latency, bool) else None,
-                                  tuple(entries)))
+                                  tuple(entries), str(data.get("benchmark_phase") or "")))
     return out
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from collectors.aiperf import ScrapeEntry, parse_entry, parse_server_metrics
 from collectors.exposition_scan import ScanResult
 
 COMPONENTS = ("queue", "fetch", "prefill", "other")
@@ -41,64 +42,56 @@ class Scrapes:
     bad_entries: int = 0
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"not a number: {value!r}")
-    return float(value)
-
-
-def _le(text: str) -> str:
+def _le(bound: float) -> str:
     """Bucket bound as the exposition format writes it ('+Inf', '0.25')."""
-    bound = float(text)
     return "+Inf" if bound == math.inf else repr(bound)
+
+
+def _add_entry(out: ScanResult, entry: ScrapeEntry) -> None:
+    """One parsed entry as the exposed samples the vLLM normaliser reads."""
+
+    def add(name: str, labels: dict[str, str], value: float) -> None:
+        out.samples.setdefault(name, []).append((labels, value))
+
+    if entry.buckets:
+        for bound, count in entry.buckets:
+            add(f"{entry.name}_bucket", {**entry.labels, "le": _le(bound)}, count)
+        if entry.sum is None or entry.count is None:
+            raise ValueError("a histogram needs sum and count")
+        add(f"{entry.name}_sum", entry.labels, entry.sum)
+        add(f"{entry.name}_count", entry.labels, entry.count)
+    elif entry.value is not None:
+        add(entry.name, entry.labels, entry.value)
+        if not entry.name.endswith("_total"):
+            add(f"{entry.name}_total", entry.labels, entry.value)
+    # summaries: no rule reads them
 
 
 def scan_of(metrics: dict[str, Any]) -> tuple[ScanResult, int]:
     """One scrape's `metrics` object as exposed samples; the number of entries that could not be read."""
     out = ScanResult()
     bad = 0
-
-    def add(name: str, labels: dict[str, str], value: float) -> None:
-        out.samples.setdefault(name, []).append((labels, value))
-
     for family, entries in metrics.items():
         for raw in entries if isinstance(entries, list) else [entries]:
             try:
-                labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
-                buckets = raw.get("buckets", raw.get("histogram"))
-                if isinstance(buckets, dict):
-                    for le, count in buckets.items():
-                        add(f"{family}_bucket", {**labels, "le": _le(le)}, _number(count))
-                    add(f"{family}_sum", labels, _number(raw["sum"]))
-                    add(f"{family}_count", labels, _number(raw["count"]))
-                elif "summary" in raw:
-                    continue  # no rule reads summaries
-                else:
-                    value = _number(raw["value"])
-                    add(family, labels, value)
-                    if not family.endswith("_total"):
-                        add(f"{family}_total", labels, value)
+                _add_entry(out, parse_entry(str(family), raw))
             except (ValueError, KeyError, TypeError, AttributeError):
                 bad += 1
     return out, bad
 
 
 def parse_scrapes(text: str) -> Scrapes:
-    out = Scrapes()
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            metrics, ts = data["metrics"], data["timestamp_ns"]
-            if not isinstance(metrics, dict) or isinstance(ts, bool) or not isinstance(ts, int):
-                raise ValueError("metrics must be an object and timestamp_ns an integer")
-        except (ValueError, KeyError, TypeError):
-            out.bad_lines += 1
-            continue
-        scan, bad = scan_of(metrics)
-        out.bad_entries += bad
-        out.scrapes.append(Scrape(ts, str(data.get("benchmark_phase") or ""), scan))
+    """The whole file, read by collectors/aiperf.py's parser, each scrape turned into exposed samples."""
+    export = parse_server_metrics(text)
+    out = Scrapes(bad_lines=export.bad_lines, bad_entries=export.bad_entries)
+    for scrape in export.scrapes:
+        scan = ScanResult()
+        for entry in scrape.entries:
+            try:
+                _add_entry(scan, entry)
+            except ValueError:
+                out.bad_entries += 1
+        out.scrapes.append(Scrape(scrape.timestamp_ns, scrape.phase, scan))
     return out
 
 
