@@ -134,6 +134,26 @@ def row(name: str, ours: list[float], ref: list[float], ref_name: str) -> str:
             f"(runs: {', '.join(f'{x:.2f}' for x in ours)} / {', '.join(f'{x:.2f}' for x in ref)})")
 
 
+def read_rows(where: Path, n: int, block_bytes: int, rounds: int, direct: bool, label: str) -> list[str]:
+    """G3 reads by the pipeline (the hop, and the whole fetch to G1) vs the best plain reader of the same files."""
+    store, rec = store_for(where, n, block_bytes, direct=direct, g2=0)
+    blocks = fill(store, n)
+    files = [store.files[Tier.G3].path(b.key) for b in blocks]
+    file_bytes = files[0].stat().st_size
+    assert PAGE + block_bytes == file_bytes  # a block file is one header page + the block
+    ours, whole, ref, names = [], [], [], set()
+    for _ in range(rounds):
+        hop, fetch = pipeline_fetch(store, rec, blocks, Tier.G3)
+        ours.append(hop)
+        whole.append(fetch)
+        bw, ref_name = best_reader(files, file_bytes, direct=direct)
+        ref.append(bw)
+        names.add(ref_name)
+    ref_name = " / ".join(sorted(names))
+    return [row(f"G3/G4 read, {label}", ours, ref, ref_name),
+            row(f"  whole fetch to G1, {label.split()[0]}", whole, ref, ref_name)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, help="directory for the block files (default: a temp dir)")
@@ -148,38 +168,11 @@ def main() -> int:
     lines = []
     try:
         # buffered, warm page cache: the files were just written
-        store, rec = store_for(base / "buffered", n, block_bytes, direct=False, g2=0)
-        blocks = fill(store, n)
-        files = [store.files[Tier.G3].path(b.key) for b in blocks]
-        file_bytes = files[0].stat().st_size
-        ours, whole, ref, names = [], [], [], set()
-        for _ in range(args.rounds):
-            hop, fetch = pipeline_fetch(store, rec, blocks, Tier.G3)
-            ours.append(hop)
-            whole.append(fetch)
-            bw, ref_name = best_reader(files, file_bytes, direct=False)
-            ref.append(bw)
-            names.add(ref_name)
-        ref_name = " / ".join(sorted(names))
-        lines.append(row("G3/G4 read, buffered (warm)", ours, ref, ref_name))
-        lines.append(row("  whole fetch to G1, buffered", whole, ref, ref_name))
+        lines += read_rows(base / "buffered", n, block_bytes, args.rounds, direct=False, label="buffered (warm)")
         # O_DIRECT, where the filesystem allows it
         ok, why = direct_io_supported(base)
         if ok:
-            store, rec = store_for(base / "direct", n, block_bytes, direct=True, g2=0)
-            blocks = fill(store, n)
-            files = [store.files[Tier.G3].path(b.key) for b in blocks]
-            ours, whole, ref, names = [], [], [], set()
-            for _ in range(args.rounds):
-                hop, fetch = pipeline_fetch(store, rec, blocks, Tier.G3)
-                ours.append(hop)
-                whole.append(fetch)
-                bw, ref_name = best_reader(files, file_bytes, direct=True)
-                ref.append(bw)
-                names.add(ref_name)
-            ref_name = " / ".join(sorted(names))
-            lines.append(row("G3/G4 read, O_DIRECT", ours, ref, ref_name))
-            lines.append(row("  whole fetch to G1, O_DIRECT", whole, ref, ref_name))
+            lines += read_rows(base / "direct", n, block_bytes, args.rounds, direct=True, label="O_DIRECT")
         else:
             lines.append(f"G3/G4 read, O_DIRECT: skipped ({why})")
         # G2 -> G1: blocks kept in G2, fetched into G1
@@ -190,7 +183,6 @@ def main() -> int:
             ours.append(pipeline_fetch(store, rec, blocks, Tier.G2)[0])
             ref.append(numpy_copy(n, block_bytes))
         lines.append(row("G2 -> G1 copy", ours, ref, "numpy copyto, pools"))
-        assert PAGE + block_bytes == file_bytes
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print("\n".join(lines))

@@ -217,7 +217,7 @@ def brute_distances(seq: list[int]) -> list[int]:
     return out
 
 
-def slot(d: int) -> int:
+def slot(d: float) -> int:
     return next(i for i, bound in enumerate((*REUSE_BOUNDS, float("inf"))) if d <= bound)
 
 

@@ -27,7 +27,7 @@ from collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
-from collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, sample_key, tier_of
+from collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
 from collectors.registry import collector_specs
 from collectors.vllm_kv_events import (
     NAME,
@@ -36,22 +36,9 @@ from collectors.vllm_kv_events import (
     VllmKvEventsCollector,
     VllmKvEventsOptions,
 )
+from tests.test_kv_events_decode import brute_distances, slot
 
 # -- the fast paths agree with a per-event reference model -----------------------------------------------
-
-
-def brute_distances(seq: list[int]) -> list[int]:
-    out = []
-    for t, key in enumerate(seq):
-        for p in range(t - 1, -1, -1):
-            if seq[p] == key:
-                out.append(len(set(seq[p + 1:t])))
-                break
-    return out
-
-
-def slot(d: float) -> int:
-    return next(i for i, bound in enumerate((*REUSE_BOUNDS, float("inf"))) if d <= bound)
 
 
 class Reference:

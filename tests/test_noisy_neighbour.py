@@ -4,7 +4,6 @@ attached — TTFT grows through fetch, and the contention signal is raised with 
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -18,26 +17,6 @@ from collectors.registry import collector_specs
 from collectors.sysfs import block_device_of
 
 MIB = 1 << 20
-
-
-def test_block_device_of_resolves_a_partition_to_its_disk(tmp_path: Path) -> None:
-    dev = os.stat(tmp_path).st_dev
-    sys_root = tmp_path / "sys"
-    part = sys_root / "devices" / "virtual" / "block" / "nvme0n1" / "nvme0n1p2"
-    part.mkdir(parents=True)
-    (part / "partition").write_text("2\n")
-    (sys_root / "block").mkdir()
-    for disk in ("nvme0n1", "nvme0n1p2"):  # /sys/block lists whole disks only; the second stands for one
-        (sys_root / "block" / disk).mkdir()
-    (sys_root / "dev" / "block").mkdir(parents=True)
-    (sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(part)
-    assert block_device_of(tmp_path, str(sys_root)) == "nvme0n1"
-    part.joinpath("partition").unlink()  # a whole disk is its own name
-    assert block_device_of(tmp_path, str(sys_root)) == "nvme0n1p2"
-
-
-def test_block_device_of_without_a_block_device(tmp_path: Path) -> None:
-    assert block_device_of(tmp_path, str(tmp_path / "empty-sys")) is None
 
 
 @pytest.mark.parametrize("mode", ["read", "write", "mixed"])

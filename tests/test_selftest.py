@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from agent.selftest.plans import SharedPromptsPlan
 from agent.selftest.report import as_json, table
 from agent.selftest.runner import run_plans
 from collectors.registry import collector_specs
-from collectors.sysfs import block_device_of
 
 SMALL_PLAN = SharedPromptsPlan(requests=16, prompts=4, concurrency=3)
 
@@ -113,20 +111,6 @@ def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
         assert {"vllm", "vllm_kv_events", "otlp_traces", "correlation"} <= enabled
         assert ("disk" in enabled) == (device is not None)
         assert config.collectors["vllm"][1].cache_hit_source_tiers["external_unspecified"] == "G4"
-
-
-def test_block_device_of_a_partition_is_its_disk(tmp_path: Path) -> None:
-    dev = os.stat(tmp_path).st_dev
-    sys_root = tmp_path / "sys"
-    part = sys_root / "devices" / "virtual" / "block" / "vdz" / "vdz1"
-    part.mkdir(parents=True)
-    (part / "partition").write_text("1\n")
-    (sys_root / "block").mkdir()
-    (sys_root / "block" / "vdz").symlink_to(part.parent)
-    (sys_root / "dev" / "block").mkdir(parents=True)
-    (sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(part)
-    assert block_device_of(tmp_path, str(sys_root)) == "vdz"
-    assert block_device_of(tmp_path, str(tmp_path / "nosys")) is None
 
 
 def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
