@@ -51,6 +51,9 @@ ENGINE_KIND = "reference"
 SOURCE_TIERS = {"device": "G1", "host": "G2", "disk": "G3", "external_unspecified": "G4"}
 TIERING_TIERS = {"1:fs": "G3", "2:fs": "G4"}
 # totals that must stop changing before the run counts as seen (names in the agent's store)
+# The correlation engine counts fetch stall once its horizon (now - this) passes a stretch: short here,
+# so a run settles quickly; _settle waits for the horizon to pass the last request.
+STALL_SETTLE_SECONDS = 0.5
 SETTLE_METRICS = ("kvscope_ttft_seconds", "kvscope_kv_hit_tokens_total", "kvscope_kv_transfer_bytes_total",
                   "kvscope_kv_resident_blocks", "kvscope_kv_events_total", "kvscope_requests_attributed_total",
                   "kvscope_ttft_attributed_seconds_total", "kvscope_kv_computed_tokens_total")
@@ -131,7 +134,7 @@ engine = "{ENGINE_KIND}"
 model = {_toml_str(model)}
 
 [collectors.correlation]
-stall_settle_seconds = 0.5
+stall_settle_seconds = {STALL_SETTLE_SECONDS}
 requests_jsonl = {_toml_str(str(requests_jsonl))}
 
 [collectors.disk]
@@ -254,6 +257,7 @@ class Harness:
             return ttft == requests and attributed == requests
 
         previous = None
+        complete_since: float | None = None
         while time.monotonic() < deadline:
             before = runs()
             while any(a <= b for a, b in zip(runs(), before, strict=True)):
@@ -261,7 +265,12 @@ class Harness:
                     return False, time.monotonic() - start
                 time.sleep(self.interval / 10)
             current = fingerprint()
-            if current == previous and complete():
+            if complete_since is None and complete():
+                complete_since = time.monotonic()
+            # every record is in; fetch stall is final once the engine's horizon has passed the last of them
+            stall_final = (complete_since is not None
+                           and time.monotonic() - complete_since > STALL_SETTLE_SECONDS + 2 * self.interval)
+            if current == previous and stall_final and complete():
                 return True, time.monotonic() - start
             previous = current
         return False, time.monotonic() - start
