@@ -28,8 +28,9 @@ test streams and benchmark load byte-for-byte as those vLLM versions do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import msgspec
 
@@ -101,18 +102,27 @@ class GpuStoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
 
 
 class GpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "map"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = True
     ts: float
     events: list[GpuStoredEvent]
     data_parallel_rank: int | None = None
 
 
 class MapBatch(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "map"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = False
     ts: float
     events: list[MapEvent]
     data_parallel_rank: int | None = None
 
 
 class MapBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "map"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = False
     ts: float
     events: list[MapEventAnyMedium]
     data_parallel_rank: int | None = None
@@ -185,18 +195,27 @@ class LegacyGpuStoredEvent(msgspec.Struct, tag="BlockStored", array_like=True, g
 
 
 class LegacyGpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "array"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = True
     ts: float
     events: list[LegacyGpuStoredEvent]
     data_parallel_rank: int | None = None
 
 
 class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "array"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = False
     ts: float
     events: list[LegacyEvent]
     data_parallel_rank: int | None = None
 
 
 class LegacyBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+    wire_format: ClassVar[str] = "array"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = False
     ts: float
     events: list[LegacyEventAnyMedium]
     data_parallel_rank: int | None = None
@@ -209,14 +228,34 @@ class MalformedBatch(ValueError):
     """The payload is not a KV-event batch in any known encoding."""
 
 
+class DecodedBatch(Protocol):
+    """What BatchDecoder returns. The fast decoders' batch structs are returned as they are (their wire
+    format and flags are class attributes), so the usual batch costs no second object."""
+
+    @property
+    def ts(self) -> float: ...
+    @property
+    def events(self) -> list[Any]: ...  # Event instances; Any so the hot loop reads .KIND without narrowing
+    @property
+    def data_parallel_rank(self) -> int | None: ...
+    @property
+    def wire_format(self) -> str: ...  # "map" (vLLM >= 0.24) or "array" (<= 0.23)
+    @property
+    def unknown_events(self) -> int: ...  # events of a type this decoder does not know (a newer vLLM), skipped
+    @property
+    def gpu_stores_only(self) -> bool: ...  # every event is a GPU BlockStored (decoded as GpuStoredEvent)
+
+
 @dataclass(slots=True)
-class DecodedBatch:
+class SlowBatch:
+    """A batch the slow path decoded event by event (see BatchDecoder._decode_slow)."""
+
     ts: float
-    events: list[Any]  # Event instances; typed Any so the hot loop reads .KIND without narrowing
+    events: list[Any]
     data_parallel_rank: int | None
-    wire_format: str  # "map" (vLLM >= 0.24) or "array" (<= 0.23)
-    unknown_events: int = 0  # events of a type this decoder does not know (a newer vLLM), skipped
-    gpu_stores_only: bool = False  # every event is a GPU BlockStored (decoded as GpuStoredEvent)
+    wire_format: str
+    unknown_events: int = 0
+    gpu_stores_only: bool = False
 
 
 # After a batch that is not GPU stores only, skip that decoder for this many batches: a stream with
@@ -229,21 +268,18 @@ class BatchDecoder:
     (the one piece of state, a back-off counter, only chooses which decoder to try first)."""
 
     def __init__(self) -> None:
-        # Tried in order; the first that fits wins. Known mediums first (the common case costs one
-        # decode); the plain-str structs give the same result for anything else. A legacy stream fails
-        # the map decoders at its first event, which costs little.
         # Batches of GPU stores only, in either wire form (a map stream fails the array one at its first
         # event, and the other way round, which costs little). Tried first unless backing off.
-        self._gpu_stores: tuple[tuple[msgspec.msgpack.Decoder[Any], str], ...] = (
-            (msgspec.msgpack.Decoder(GpuStoresBatch), "map"),
-            (msgspec.msgpack.Decoder(LegacyGpuStoresBatch), "array"),
-        )
+        self._gpu_map = msgspec.msgpack.Decoder(GpuStoresBatch).decode
+        self._gpu_array = msgspec.msgpack.Decoder(LegacyGpuStoresBatch).decode
         self._gpu_backoff = 0
-        self._fast: tuple[tuple[msgspec.msgpack.Decoder[Any], str], ...] = (
-            (msgspec.msgpack.Decoder(MapBatch), "map"),
-            (msgspec.msgpack.Decoder(MapBatchAnyMedium), "map"),
-            (msgspec.msgpack.Decoder(LegacyBatch), "array"),
-            (msgspec.msgpack.Decoder(LegacyBatchAnyMedium), "array"),
+        # Then tried in order; the first that fits wins. Known mediums first (the common case costs one
+        # decode); the plain-str structs give the same result for anything else.
+        self._fast: tuple[Callable[[bytes], DecodedBatch], ...] = (
+            msgspec.msgpack.Decoder(MapBatch).decode,
+            msgspec.msgpack.Decoder(MapBatchAnyMedium).decode,
+            msgspec.msgpack.Decoder(LegacyBatch).decode,
+            msgspec.msgpack.Decoder(LegacyBatchAnyMedium).decode,
         )
         self._outer = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
         self._raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
@@ -255,19 +291,19 @@ class BatchDecoder:
         if self._gpu_backoff:
             self._gpu_backoff -= 1
         else:
-            for decoder, wire in self._gpu_stores:
-                try:
-                    g = decoder.decode(payload)
-                except msgspec.DecodeError:
-                    continue
-                return DecodedBatch(g.ts, g.events, g.data_parallel_rank, wire, 0, True)
-            self._gpu_backoff = _GPU_STORES_BACKOFF
-        for decoder, wire in self._fast:
             try:
-                b = decoder.decode(payload)
+                return self._gpu_map(payload)
+            except msgspec.DecodeError:
+                pass
+            try:
+                return self._gpu_array(payload)
+            except msgspec.DecodeError:
+                self._gpu_backoff = _GPU_STORES_BACKOFF
+        for decode in self._fast:
+            try:
+                return decode(payload)
             except msgspec.DecodeError:
                 continue
-            return DecodedBatch(b.ts, b.events, b.data_parallel_rank, wire)
         return self._decode_slow(payload)
 
     def _decode_slow(self, payload: bytes) -> DecodedBatch:
@@ -299,7 +335,7 @@ class BatchDecoder:
         except (msgspec.DecodeError, KeyError) as exc:
             raise MalformedBatch(str(exc)) from None
         wire = "array" if forms == {"array"} else "map"
-        return DecodedBatch(float(ts), events, rank, wire, unknown)
+        return SlowBatch(float(ts), events, rank, wire, unknown)
 
     def _decode_event(self, raw: msgspec.Raw) -> tuple[Event | None, str]:
         try:

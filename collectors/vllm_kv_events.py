@@ -251,8 +251,7 @@ class VllmKvEventsCollector:
             self._malformed(stream, f"payload: {exc}")
             return
         seq = int.from_bytes(frames[1], "big")
-        expected = stream.expected
-        if expected is not None and seq == expected:  # the common case: in order
+        if seq == stream.expected:  # the common case: in order (never true before the first batch: None)
             with self._lock:
                 stream.residency.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
             stream.expected = seq + 1
