@@ -155,7 +155,7 @@ def bench_decode(ctx: zmq.Context[Any], rounds: int = 15) -> None:
     size = statistics.median(len(p) for p in new)
     print(f"(a) decode + aggregate, one thread on CPU {pin_one_core()}: 2048 batches x {EVENTS_PER_BATCH} events, "
           f"median {size:.0f} B/batch, {rounds} interleaved rounds.\n"
-          "    events/s fastest / median / slowest round; ratio to the full-schema decode of the same round "
+          "    events/s slowest / median / fastest round; ratio to the full-schema decode of the same round "
           "(median of rounds, and of the fastest rounds)")
     results: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     for _ in range(rounds):
@@ -172,8 +172,9 @@ def bench_decode(ctx: zmq.Context[Any], rounds: int = 15) -> None:
     print(f"    goal >= {GOAL / 1e6:.2f} M events/s decode + aggregate on one core (new blocks, default config): "
           f"fastest round {max(ours) / 1e6:.2f} M -> {'MET' if met else 'NOT MET'} in this run; median "
           f"{statistics.median(ours) / 1e6:.2f} M.\n"
-          "    The fastest round is the machine's speed without interference (timeit's convention); other load on "
-          "the VM's host\n    slows whole rounds by up to 2x and moves the median (docs/vllm-kv-events.md).")
+          "    The fastest round is the core without interference (timeit's convention). On the shared development "
+          "VM a core\n    flips between two speeds from second to second, whatever runs in the guest (the reference "
+          "decode ~1.2 M or\n    ~0.7 M), which moves the median; docs/vllm-kv-events.md shows it.")
 
 
 def pin_one_core() -> int:
