@@ -41,6 +41,18 @@ END_SEQ = b"\xff" * 8  # replay end marker: (-1).to_bytes(8, "big", signed=True)
 BlockHash = int | bytes  # uint64 (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default) or raw bytes
 
 
+class _Batch(msgspec.Struct, array_like=True, gc=False):
+    """`[ts, events, data_parallel_rank]`, as every release sends it. Subclasses type the events; the class
+    attributes make a decoded batch a DecodedBatch as it is."""
+
+    wire_format: ClassVar[str] = "map"
+    unknown_events: ClassVar[int] = 0
+    gpu_stores_only: ClassVar[bool] = False
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
 # -- decode side: current map-form events (vLLM >= 0.24) ------------------------------------------
 
 # The medium and locality values vLLM and its connectors are known to send (facts §2.4). Decoding them as
@@ -101,31 +113,17 @@ class GpuStoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
     medium: Literal["GPU"]
 
 
-class GpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
-    wire_format: ClassVar[str] = "map"
-    unknown_events: ClassVar[int] = 0
+class GpuStoresBatch(_Batch):
     gpu_stores_only: ClassVar[bool] = True
-    ts: float
     events: list[GpuStoredEvent]
-    data_parallel_rank: int | None = None
 
 
-class MapBatch(msgspec.Struct, array_like=True, gc=False):
-    wire_format: ClassVar[str] = "map"
-    unknown_events: ClassVar[int] = 0
-    gpu_stores_only: ClassVar[bool] = False
-    ts: float
+class MapBatch(_Batch):
     events: list[MapEvent]
-    data_parallel_rank: int | None = None
 
 
-class MapBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
-    wire_format: ClassVar[str] = "map"
-    unknown_events: ClassVar[int] = 0
-    gpu_stores_only: ClassVar[bool] = False
-    ts: float
+class MapBatchAnyMedium(_Batch):
     events: list[MapEventAnyMedium]
-    data_parallel_rank: int | None = None
 
 
 # -- decode side: legacy tagged-array events (vLLM <= 0.23) ----------------------------------------
@@ -194,31 +192,20 @@ class LegacyGpuStoredEvent(msgspec.Struct, tag="BlockStored", array_like=True, g
     medium: Literal["GPU"]
 
 
-class LegacyGpuStoresBatch(msgspec.Struct, array_like=True, gc=False):
+class LegacyGpuStoresBatch(_Batch):
     wire_format: ClassVar[str] = "array"
-    unknown_events: ClassVar[int] = 0
     gpu_stores_only: ClassVar[bool] = True
-    ts: float
     events: list[LegacyGpuStoredEvent]
-    data_parallel_rank: int | None = None
 
 
-class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
+class LegacyBatch(_Batch):
     wire_format: ClassVar[str] = "array"
-    unknown_events: ClassVar[int] = 0
-    gpu_stores_only: ClassVar[bool] = False
-    ts: float
     events: list[LegacyEvent]
-    data_parallel_rank: int | None = None
 
 
-class LegacyBatchAnyMedium(msgspec.Struct, array_like=True, gc=False):
+class LegacyBatchAnyMedium(_Batch):
     wire_format: ClassVar[str] = "array"
-    unknown_events: ClassVar[int] = 0
-    gpu_stores_only: ClassVar[bool] = False
-    ts: float
     events: list[LegacyEventAnyMedium]
-    data_parallel_rank: int | None = None
 
 
 Event = GpuStoredEvent | LegacyGpuStoredEvent | MapEvent | MapEventAnyMedium | LegacyEvent | LegacyEventAnyMedium

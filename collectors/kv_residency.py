@@ -270,19 +270,14 @@ class Residency:
         they all go to G1 without a check. Otherwise a batch of stores to one tier is applied as one run
         after a check in C, and a mixed batch as runs of consecutive events of one kind and tier.
         """
-        if gpu_stores_only:  # _store inlined: this is the usual batch
-            if events:
-                self.events[STORED] += len(events)
-                state = self._tier_cache.get(_GPU_KEY) or self._state_for(*_GPU_KEY)
-                hashes = list(chain.from_iterable(map(_HASHES, events)))
-                resident = state.resident
-                before = len(resident)
-                resident.update(hashes)
-                state.stored += len(resident) - before
-                state.reuse.use_many(hashes)
-            return
         counts = self.events
         self.unknown_events += unknown
+        if gpu_stores_only:
+            if events:
+                counts[STORED] += len(events)
+                state = self._tier_cache.get(_GPU_KEY) or self._state_for(*_GPU_KEY)
+                self._store(state, list(chain.from_iterable(map(_HASHES, events))))
+            return
         n = len(events)
         if n:
             # The usual batch: only stores, all to one tier. Checked in C: countOf compares by identity

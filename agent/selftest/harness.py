@@ -50,10 +50,10 @@ ENGINE_KIND = "reference"
 # "external_unspecified" source, and its tiering labels are 1:fs (G3) and 2:fs (G4)
 SOURCE_TIERS = {"device": "G1", "host": "G2", "disk": "G3", "external_unspecified": "G4"}
 TIERING_TIERS = {"1:fs": "G3", "2:fs": "G4"}
-# totals that must stop changing before the run counts as seen (names in the agent's store)
 # The correlation engine counts fetch stall once its horizon (now - this) passes a stretch: short here,
 # so a run settles quickly; _settle waits for the horizon to pass the last request.
 STALL_SETTLE_SECONDS = 0.5
+# totals that must stop changing before the run counts as seen (names in the agent's store)
 SETTLE_METRICS = ("kvscope_ttft_seconds", "kvscope_kv_hit_tokens_total", "kvscope_kv_transfer_bytes_total",
                   "kvscope_kv_resident_blocks", "kvscope_kv_events_total", "kvscope_requests_attributed_total",
                   "kvscope_ttft_attributed_seconds_total", "kvscope_kv_computed_tokens_total")
