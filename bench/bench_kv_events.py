@@ -228,6 +228,27 @@ def publisher(conn: Connection, payloads: list[bytes], rate: float, seconds: flo
     ctx.term()
 
 
+class OurSubscriber:
+    """kvscope's collector, started on its own socket thread, seen the way step() reads a subscriber."""
+
+    def __init__(self, endpoint: str, rcvhwm: int) -> None:
+        self._collector = VllmKvEventsCollector(options(endpoint, rcvhwm=rcvhwm))
+        self._collector.start()
+        self._stream = self._collector.streams[0]
+
+    @property
+    def expected(self) -> int | None:
+        return self._stream.expected
+
+    def counts(self) -> tuple[float, float, float]:
+        """(batches received, batches missed by seq, batches dropped by seq)."""
+        s = self._stream
+        return s.residency.events[0] / EVENTS_PER_BATCH, s.missed, s.dropped
+
+    def close(self) -> None:
+        self._collector.close()
+
+
 class ReferenceSubscriber:
     """perf-baselines §3d's subscriber, for the same-run comparison: blocking recv_multipart, msgspec typed
     decode of the full 0.33 schema, a contiguity check of the sequence numbers; no residency."""
@@ -256,6 +277,9 @@ class ReferenceSubscriber:
             self.expected = seq + 1
             self.received += 1
 
+    def counts(self) -> tuple[float, float, float]:
+        return self.received, self.missed, self.missed
+
     def close(self) -> None:
         self._stop = True
         self._thread.join()
@@ -263,32 +287,22 @@ class ReferenceSubscriber:
         self._ctx.term()
 
 
-def step(payloads: list[bytes], rate: float, seconds: float, reference: bool = False) -> dict[str, float]:
-    """One offered rate through a publisher process to our collector, or to the reference subscriber."""
+def step(payloads: list[bytes], rate: float, seconds: float,
+         subscriber: type[OurSubscriber | ReferenceSubscriber] = OurSubscriber) -> dict[str, float]:
+    """One offered rate through a publisher process to a subscriber; what it sent, received and counted lost."""
     here, there = mp.get_context("fork").Pipe()
     proc = mp.get_context("fork").Process(target=publisher, args=(there, payloads, rate, seconds))
     proc.start()
-    endpoint = here.recv()
-    if reference:
-        sub = ReferenceSubscriber(endpoint, rcvhwm=1000)
-    else:
-        collector = VllmKvEventsCollector(options(endpoint, rcvhwm=1000))
-        collector.start()
+    sub = subscriber(here.recv(), rcvhwm=1000)
     sent, duration = here.recv()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (sub.expected if reference else collector.streams[0].expected) != sent:
+    while time.monotonic() < deadline and sub.expected != sent:
         time.sleep(0.01)
     proc.join()
-    if reference:
-        result = {"sent": sent, "received": sub.received, "missed": sub.missed, "dropped": sub.missed}
-        sub.close()
-    else:
-        stream = collector.streams[0]
-        result = {"sent": sent, "received": stream.residency.events[0] / EVENTS_PER_BATCH, "missed": stream.missed,
-                  "dropped": stream.dropped}
-        collector.close()
-    result["rate"] = (sent - 1) * EVENTS_PER_BATCH / duration
-    return result
+    received, missed, dropped = sub.counts()
+    sub.close()
+    return {"sent": sent, "received": received, "missed": missed, "dropped": dropped,
+            "rate": (sent - 1) * EVENTS_PER_BATCH / duration}
 
 
 def bench_zmq() -> None:
@@ -302,7 +316,7 @@ def bench_zmq() -> None:
     ok = True
     for rate in (50e3, 100e3, 200e3, 300e3, 400e3, 500e3, 700e3, 1e6, 0):
         r = step(payloads, rate, 2.5)
-        ref = step(payloads, rate, 2.5, reference=True)
+        ref = step(payloads, rate, 2.5, ReferenceSubscriber)
         lost = r["sent"] - r["received"]
         match = lost == r["missed"] == r["dropped"]
         ok &= match
