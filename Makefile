@@ -32,7 +32,7 @@ run: $(STAMP)
 	$(BIN)/kvscope demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check agent collectors exporters dashboards tests bench scripts
+	$(BIN)/ruff check kvscope agent collectors exporters dashboards tests bench scripts
 	$(BIN)/mypy
 
 test: $(STAMP) tools lint

@@ -1,3 +1,1 @@
-"""kvscope agent core: tier model, configuration, store, scheduler and CLI."""
-
-__version__ = "0.1.0"
+"""kvscope's core: interfaces, readings, catalogue, configuration, store, scheduler, wiring and CLI."""

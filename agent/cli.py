@@ -9,15 +9,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from agent import __version__
-from agent.config import ConfigError, load_config_file
-from collectors.registry import collector_specs
+from kvscope import __version__
+from kvscope.agent.config import ConfigError, load_config_file
+from kvscope.collectors.registry import collector_specs
 
 log = logging.getLogger("kvscope")
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agent.runtime import build_agent
+    from kvscope.agent.runtime import build_agent
 
     config = load_config_file(args.config, collector_specs())
     logging.getLogger().setLevel(config.agent.log_level.upper())
@@ -55,14 +55,14 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _config_defaults(_args: argparse.Namespace) -> int:
-    from agent.config import defaults_toml
+    from kvscope.agent.config import defaults_toml
 
     sys.stdout.write(defaults_toml(collector_specs()))
     return 0
 
 
 def _catalogue(args: argparse.Namespace) -> int:
-    from agent.runtime import build_catalogue
+    from kvscope.agent.runtime import build_catalogue
 
     catalogue = build_catalogue()
     if args.markdown:
@@ -91,12 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue = sub.add_parser("catalogue", help="list every metric kvscope can export")
     catalogue.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
     catalogue.set_defaults(func=_catalogue)
-    from agent.reference.cli import add_commands
-    from agent.selftest.cli import add_commands as add_selftest_commands
+    from kvscope.agent.reference.cli import add_commands
+    from kvscope.agent.selftest.cli import add_commands as add_selftest_commands
 
     add_commands(sub)
     add_selftest_commands(sub)
-    from agent.analyze.cli import add_analyze_command
+    from kvscope.agent.analyze.cli import add_analyze_command
 
     add_analyze_command(sub)
     return parser

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from collectors.base import CollectorSpec
+from kvscope.collectors.base import CollectorSpec
 
 DEFAULT_PORT = 9474  # 9100 is node_exporter, 9400 DCGM exporter, 8000 vLLM's API server
 

@@ -7,7 +7,7 @@ engine kind, `model` the served model, `dp_rank` the engine's own data-parallel 
 
 from __future__ import annotations
 
-from agent.catalogue import counter, gauge, histogram
+from kvscope.agent.catalogue import counter, gauge, histogram
 
 ENGINE_LABELS = ("engine", "model", "dp_rank")
 

@@ -7,16 +7,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent import __version__
-from agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
-from agent.config import Config, parse_listen
-from agent.contract import CONTRACT_METRICS
-from agent.scheduler import Job, Scheduler
-from agent.store import Store
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.registry import collector_specs
-from exporters.http import MetricsServer
-from exporters.webconfig import load_web_config
+from kvscope import __version__
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
+from kvscope.agent.config import Config, parse_listen
+from kvscope.agent.contract import CONTRACT_METRICS
+from kvscope.agent.scheduler import Job, Scheduler
+from kvscope.agent.store import Store
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.registry import collector_specs
+from kvscope.exporters.http import MetricsServer
+from kvscope.exporters.webconfig import load_web_config
 
 log = logging.getLogger("kvscope")
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.readings import Reading
-from agent.store import Store
-from collectors.base import Collector
+from kvscope.agent.readings import Reading
+from kvscope.agent.store import Store
+from kvscope.collectors.base import Collector
 
 log = logging.getLogger("kvscope.scheduler")
 

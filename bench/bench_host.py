@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.readings import Reading
-from agent.store import Store
-from collectors import agent_self, disk, network, rdma
-from collectors.base import Collector, CollectorContext
-from exporters.http import MetricsServer
-from exporters.prometheus import TextRenderer
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.readings import Reading
+from kvscope.agent.store import Store
+from kvscope.collectors import agent_self, disk, network, rdma
+from kvscope.collectors.base import Collector, CollectorContext
+from kvscope.exporters.http import MetricsServer
+from kvscope.exporters.prometheus import TextRenderer
 
 MODULES = (disk, network, rdma, agent_self)
 ROUNDS = 3

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 import zmq
 
-from collectors.kv_event_schema import (
+from kvscope.collectors.kv_event_schema import (
     GpuStoresBatch,
     LegacyBatch,
     MapBatch,
@@ -51,7 +51,7 @@ from collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
-from collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
+from kvscope.collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
 
 EVENTS_PER_BATCH = 32
 GOAL = 1_000_000  # block events/s, decode + aggregate, one core

@@ -26,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.reference.blockfile import PAGE, direct_io_supported
-from agent.reference.blocks import BlockId, chain_blocks
-from agent.reference.geometry import preset
-from agent.reference.pools import MemoryPool
-from agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
-from agent.tiers import Tier
+from kvscope.agent.reference.blockfile import PAGE, direct_io_supported
+from kvscope.agent.reference.blocks import BlockId, chain_blocks
+from kvscope.agent.reference.geometry import preset
+from kvscope.agent.reference.pools import MemoryPool
+from kvscope.agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
+from kvscope.agent.tiers import Tier
 
 BLOCK_TOKENS = 256
 GOAL = 0.80

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.exposition_scan import ExpositionScanner  # noqa: E402
-from collectors.vllm_map import Normaliser, wanted_samples  # noqa: E402
+from kvscope.collectors.exposition_scan import ExpositionScanner  # noqa: E402
+from kvscope.collectors.vllm_map import Normaliser, wanted_samples  # noqa: E402
 
 PAGE = ROOT / "tests" / "fixtures" / "vllm" / "v0.33.0-cpu-offload-dp2.prom"
 GOAL = 0.05

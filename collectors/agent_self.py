@@ -13,9 +13,9 @@ from typing import Protocol
 
 import psutil
 
-from agent.catalogue import counter, gauge
-from agent.readings import Reading, Sample
-from collectors.base import CollectorContext, CollectorSpec
+from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.readings import Reading, Sample
+from kvscope.collectors.base import CollectorContext, CollectorSpec
 
 METRICS = (
     counter("kvscope_agent_cpu_seconds_total", "seconds", (),

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.catalogue import MetricSpec
-from agent.readings import Reading
+from kvscope.agent.catalogue import MetricSpec
+from kvscope.agent.readings import Reading
 
 
 class Collector(Protocol):

@@ -18,9 +18,9 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.catalogue import counter, gauge
-from agent.readings import Reading, Sample
-from collectors.sysfs import InputErrors, read_text
+from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.readings import Reading, Sample
+from kvscope.collectors.sysfs import InputErrors, read_text
 
 FS_LABELS = ("mount", "fstype")
 FS_SOURCE = "NFS /proc/self/mountstats, Lustre llite.*.stats, Storage Scale mmpmon fs_io_s"

@@ -24,9 +24,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent.readings import Reading
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.gpu_samples import (
+from kvscope.agent.readings import Reading
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.gpu_samples import (
     METRICS,
     US_PER_S,
     VALUE_ATTR,

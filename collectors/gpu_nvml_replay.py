@@ -32,7 +32,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from collectors.gpu_samples import VALUE_ATTR
+from kvscope.collectors.gpu_samples import VALUE_ATTR
 
 FORMAT = "kvscope-nvml-recording/1"
 

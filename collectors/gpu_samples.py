@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.catalogue import counter, gauge
-from agent.readings import Reading, Sample
+from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.readings import Reading, Sample
 
 US_PER_S = 1_000_000
 

@@ -24,8 +24,8 @@ from math import ceil
 from operator import attrgetter, countOf
 from typing import Any
 
-from agent.tiers import STORAGE_TIERS, Tier
-from collectors.kv_event_schema import CLEARED, STORED
+from kvscope.agent.tiers import STORAGE_TIERS, Tier
+from kvscope.collectors.kv_event_schema import CLEARED, STORED
 
 # Bucket upper bounds of the reuse-distance histogram: 0, then powers of two up to 2**20 blocks.
 REUSE_BOUNDS: tuple[float, ...] = (0.0, *(float(2**i) for i in range(21)))

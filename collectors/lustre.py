@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.readings import Reading
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.fs_common import (
+from kvscope.agent.readings import Reading
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.fs_common import (
     FS_METRICS,
     FsTotals,
     MountEntry,
@@ -43,7 +43,7 @@ from collectors.fs_common import (
     run_tool,
     under_root,
 )
-from collectors.sysfs import INPUT_ERRORS, InputErrors, read_text
+from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, read_text
 
 log = logging.getLogger("kvscope.collectors.lustre")
 

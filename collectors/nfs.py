@@ -24,9 +24,9 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from agent.readings import Reading, Sample
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.fs_common import (
+from kvscope.agent.readings import Reading, Sample
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.fs_common import (
     FS_METRICS,
     FS_SERVER_READ,
     FS_SERVER_WRITTEN,
@@ -35,7 +35,7 @@ from collectors.fs_common import (
     under_root,
     unescape,
 )
-from collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.nfs")
 

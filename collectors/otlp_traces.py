@@ -30,12 +30,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agent.catalogue import counter
-from agent.config import parse_listen
-from agent.correlation.records import RecordBuffer, RequestRecord, shared_buffer
-from agent.http_server import QuietHTTPServer
-from agent.readings import Reading, Sample
-from collectors.base import CollectorContext, CollectorSpec
+from kvscope.agent.catalogue import counter
+from kvscope.agent.config import parse_listen
+from kvscope.agent.correlation.records import RecordBuffer, RequestRecord, shared_buffer
+from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.readings import Reading, Sample
+from kvscope.collectors.base import CollectorContext, CollectorSpec
 
 log = logging.getLogger("kvscope.collectors.otlp_traces")
 

@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from agent.catalogue import counter, gauge
-from agent.readings import Reading, Sample
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.readings import Reading, Sample
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.rdma")
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from agent.correlation.engine import SPEC as CORRELATION_SPEC
-from collectors import agent_self, disk, gpfs, lustre, network, nfs, otlp_traces, rdma, vllm_kv_events, vllm_metrics
-from collectors.base import CollectorSpec
-from collectors.gpu_nvml import SPEC as NVML_SPEC
+from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
+from kvscope.collectors import (
+    agent_self,
+    disk,
+    gpfs,
+    lustre,
+    network,
+    nfs,
+    otlp_traces,
+    rdma,
+    vllm_kv_events,
+    vllm_metrics,
+)
+from kvscope.collectors.base import CollectorSpec
+from kvscope.collectors.gpu_nvml import SPEC as NVML_SPEC
 
 # Each collector module declares its own SPEC; this table lists them in data-flow order (host sources,
 # GPU, engines, per-request sources, then the correlation engine that reads them all), one a line.

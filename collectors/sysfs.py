@@ -13,8 +13,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent.catalogue import counter
-from agent.readings import Sample
+from kvscope.agent.catalogue import counter
+from kvscope.agent.readings import Sample
 
 INPUT_ERRORS_METRIC = "kvscope_host_input_errors_total"
 INPUT_ERRORS = counter(

@@ -29,13 +29,13 @@ from typing import Any
 
 import zmq
 
-from agent.catalogue import counter, gauge, histogram
-from agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS
-from agent.readings import HistogramSample, Reading, Sample
-from agent.tiers import STORAGE_TIERS, Tier
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.kv_event_schema import END_SEQ, EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
-from collectors.kv_residency import Residency
+from kvscope.agent.catalogue import counter, gauge, histogram
+from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS
+from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.tiers import STORAGE_TIERS, Tier
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.kv_event_schema import END_SEQ, EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
+from kvscope.collectors.kv_residency import Residency
 
 log = logging.getLogger("kvscope.vllm_kv_events")
 

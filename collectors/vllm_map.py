@@ -19,10 +19,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from agent import contract as c
-from agent.readings import HistogramSample, Reading, Sample
-from agent.tiers import Tier
-from collectors.exposition_scan import ScanResult
+from kvscope.agent import contract as c
+from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.tiers import Tier
+from kvscope.collectors.exposition_scan import ScanResult
 
 USAGE_RATIO = "kvscope_kv_cache_usage_ratio"
 REQUESTS_FINISHED = "kvscope_requests_finished_total"

@@ -62,14 +62,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent import __version__
-from agent.catalogue import counter, gauge
-from agent.contract import ENGINE_LABELS
-from agent.readings import Reading, Sample
-from agent.tiers import Tier, parse_tier
-from collectors.base import CollectorContext, CollectorSpec
-from collectors.exposition_scan import ExpositionScanner
-from collectors.vllm_map import (
+from kvscope import __version__
+from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.contract import ENGINE_LABELS
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.tiers import Tier, parse_tier
+from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.collectors.exposition_scan import ExpositionScanner
+from kvscope.collectors.vllm_map import (
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
     REQUESTS_FINISHED,

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as _generate_openmetrics
 
-from agent.http_server import QuietHTTPServer
-from agent.store import Store
-from exporters.prometheus import StoreCollector, TextRenderer
-from exporters.webconfig import WebConfig
+from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.store import Store
+from kvscope.exporters.prometheus import StoreCollector, TextRenderer
+from kvscope.exporters.webconfig import WebConfig
 
 log = logging.getLogger("kvscope.http")
 generate_openmetrics: Callable[[CollectorRegistry], bytes] = _generate_openmetrics

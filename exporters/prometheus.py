@@ -23,8 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from agent.catalogue import MetricSpec
-from agent.store import Series, Store
+from kvscope.agent.catalogue import MetricSpec
+from kvscope.agent.store import Series, Store
 
 # prometheus-client's own float formatting (Go's), so both renderers agree to the byte
 format_float: Callable[[float], str] = floatToGoString

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.config import ConfigError
+from kvscope.agent.config import ConfigError
 
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
 _CLIENT_AUTH = {

@@ -12,8 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.runtime import build_catalogue  # noqa: E402
-from collectors.registry import collector_specs  # noqa: E402
+from kvscope.agent.runtime import build_catalogue  # noqa: E402
+from kvscope.collectors.registry import collector_specs  # noqa: E402
 
 
 def collectors_table() -> str:

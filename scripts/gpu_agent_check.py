@@ -22,9 +22,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from gpu_check import run_load  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from agent.config import load_config  # noqa: E402
-from agent.runtime import build_agent  # noqa: E402
-from collectors.registry import collector_specs  # noqa: E402
+from kvscope.agent.config import load_config  # noqa: E402
+from kvscope.agent.runtime import build_agent  # noqa: E402
+from kvscope.collectors.registry import collector_specs  # noqa: E402
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,12 +7,12 @@ from collections import namedtuple
 
 import psutil
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.readings import Sample
-from agent.store import Store
-from collectors import agent_self
-from collectors.agent_self import AgentSelfCollector
-from collectors.base import CollectorContext
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.readings import Sample
+from kvscope.agent.store import Store
+from kvscope.collectors import agent_self
+from kvscope.collectors.agent_self import AgentSelfCollector
+from kvscope.collectors.base import CollectorContext
 
 Times = namedtuple("Times", "user system children_user children_system")
 Memory = namedtuple("Memory", "rss vms")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.aiperf import (
+from kvscope.collectors.aiperf import (
     parse_profile_export,
     parse_profile_line,
     parse_server_metrics,
@@ -77,7 +77,7 @@ def test_real_aiperf_0_13_histograms_under_buckets_parse_cleanly() -> None:
     """AIPerf 0.13.0's own output (captured live against the reference engine) names histograms "buckets"."""
     from pathlib import Path
 
-    from collectors.aiperf import parse_server_metrics
+    from kvscope.collectors.aiperf import parse_server_metrics
 
     path = Path(__file__).parent / "fixtures" / "aiperf_live" / "cached" / "server_metrics_export.jsonl"
     export = parse_server_metrics(path.read_text())

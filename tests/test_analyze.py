@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from agent.analyze.build import build_report, increase
-from agent.analyze.inputs import parse_recording, parse_scrapes, scan_of
-from agent.cli import main
+from kvscope.agent.analyze.build import build_report, increase
+from kvscope.agent.analyze.inputs import parse_recording, parse_scrapes, scan_of
+from kvscope.agent.cli import main
 
 FIX = Path(__file__).parent / "fixtures"
 LIVE = FIX / "aiperf_live"

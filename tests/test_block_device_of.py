@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from collectors.sysfs import block_device_of
+from kvscope.collectors.sysfs import block_device_of
 
 
 def test_block_device_of_resolves_a_partition_to_its_disk(tmp_path: Path) -> None:

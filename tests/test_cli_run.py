@@ -21,7 +21,7 @@ def test_run_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None
     port = free_port()
     config = tmp_path / "kvscope.toml"
     config.write_text(f"[exporters.prometheus]\nlisten = '127.0.0.1:{port}'\n")
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         body = ""
@@ -49,7 +49,7 @@ def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         config = tmp_path / "kvscope.toml"
         config.write_text(f"[exporters.prometheus]\nlisten = '127.0.0.1:{port}'\n")
-        proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+        proc = subprocess.run([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(config)],
                               capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert f"cannot bind 127.0.0.1:{port}" in proc.stderr

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent.config import ConfigError, load_config
-from collectors.base import CollectorSpec
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.collectors.base import CollectorSpec
 
 
 @dataclass
@@ -93,7 +93,7 @@ def test_cli_config_check_prints_one_line_and_exits_nonzero(tmp_path: object, te
 
     path = Path(str(tmp_path)) / "kvscope.toml"
     path.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "config", "check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "kvscope.agent.cli", "config", "check", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert needle in proc.stderr
@@ -106,15 +106,15 @@ def test_cli_config_check_accepts_a_good_file(tmp_path: object) -> None:
 
     path = Path(str(tmp_path)) / "kvscope.toml"
     path.write_text("[agent]\ninterval = 2\n")
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "config", "check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "kvscope.agent.cli", "config", "check", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
 
 
 def test_printed_defaults_load_back_for_every_registered_collector() -> None:
-    from agent.config import defaults_toml
-    from collectors.registry import collector_specs
+    from kvscope.agent.config import defaults_toml
+    from kvscope.collectors.registry import collector_specs
 
     specs = collector_specs()
     text = defaults_toml(specs)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from agent.correlation.attribution import (
+from kvscope.agent.correlation.attribution import (
     WindowTotals,
     attribute_request,
     attribute_window,
     compute_sample,
     estimate_fetch,
 )
-from agent.correlation.costmodel import PrefillCostModel
-from agent.correlation.counterfactuals import recompute_avoided, ttft_without_cache, typical_reused_tokens
-from agent.correlation.records import RequestRecord, TierFetch
+from kvscope.agent.correlation.costmodel import PrefillCostModel
+from kvscope.agent.correlation.counterfactuals import recompute_avoided, ttft_without_cache, typical_reused_tokens
+from kvscope.agent.correlation.records import RequestRecord, TierFetch
 
 
 def total(attribution: object) -> float:

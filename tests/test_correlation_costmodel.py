@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from agent.correlation.costmodel import PrefillCostModel, TierFetchModel, compute_features
-from agent.correlation.counterfactuals import breakeven_bandwidth
-from agent.correlation.nnls import nnls
+from kvscope.agent.correlation.costmodel import PrefillCostModel, TierFetchModel, compute_features
+from kvscope.agent.correlation.counterfactuals import breakeven_bandwidth
+from kvscope.agent.correlation.nnls import nnls
 
 # shared/seeds/summary.md: recompute TTFT 0.572 s at 10k tokens, 32.14 s at 130k (gpt-oss-120b, one GPU)
 SEED_POINTS = ((10_000, 0.572), (130_000, 32.14))

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from agent import contract
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.correlation import metrics as m
-from agent.correlation.engine import SPEC, CorrelationEngine, CorrelationOptions, build
-from agent.correlation.output import JsonlWriter
-from agent.correlation.records import RECORDS_KEY, RecordBuffer, RequestRecord, TierFetch
-from agent.readings import HistogramSample, Reading, Sample
-from agent.store import Store
-from collectors.base import CollectorContext
+from kvscope.agent import contract
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.correlation import metrics as m
+from kvscope.agent.correlation.engine import SPEC, CorrelationEngine, CorrelationOptions, build
+from kvscope.agent.correlation.output import JsonlWriter
+from kvscope.agent.correlation.records import RECORDS_KEY, RecordBuffer, RequestRecord, TierFetch
+from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.store import Store
+from kvscope.collectors.base import CollectorContext
 
 E = ("vllm", "llama", "0")
 
@@ -164,7 +164,7 @@ def test_noisy_neighbour_from_store_paths() -> None:
     options = CorrelationOptions(paths={"G4": ['kvscope_fs_read_bytes_total{mount="/gpfs"}']},
                                  path_capacity_bytes_per_second={"G4": 100e9})
     path_spec = Catalogue([*AGENT_METRICS, *contract.CONTRACT_METRICS, *m.METRICS])
-    from agent.catalogue import counter
+    from kvscope.agent.catalogue import counter
     store = Store(Catalogue([*path_spec, counter("kvscope_fs_read_bytes_total", "bytes", ("mount", "fstype"),
                                                  "FS reads.", "test")]))
     engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
@@ -205,7 +205,7 @@ def test_factory_shares_the_record_buffer_and_finds_the_store() -> None:
 
 
 def test_options_validation() -> None:
-    from agent.config import ConfigError, bind
+    from kvscope.agent.config import ConfigError, bind
     with pytest.raises(ConfigError, match="fetch_inside_by_engine"):
         bind(CorrelationOptions, {"fetch_inside_by_engine": {"vllm": "decode"}}, "collectors.correlation")
     with pytest.raises(ConfigError, match="selector"):

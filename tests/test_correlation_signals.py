@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.correlation.attribution import attribute_request
-from agent.correlation.costmodel import PrefillCostModel
-from agent.correlation.records import RequestRecord
-from agent.correlation.signals import (
+from kvscope.agent.correlation.attribution import attribute_request
+from kvscope.agent.correlation.costmodel import PrefillCostModel
+from kvscope.agent.correlation.records import RequestRecord
+from kvscope.agent.correlation.signals import (
     PathWindow,
     Thresholds,
     assess_path,

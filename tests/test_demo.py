@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.selftest.demo import percentile, run_demo
-from agent.selftest.plans import SharedPromptsPlan
+from kvscope.agent.selftest.demo import percentile, run_demo
+from kvscope.agent.selftest.plans import SharedPromptsPlan
 
 
 def test_percentile_is_nearest_rank() -> None:

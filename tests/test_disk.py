@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.config import ConfigError, load_config
-from agent.readings import Sample
-from agent.store import Store
-from collectors import disk
-from collectors.disk import (
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import Sample
+from kvscope.agent.store import Store
+from kvscope.collectors import disk
+from kvscope.collectors.disk import (
     IO_TIME_MODULUS_S,
     TICKS_MODULUS_MS,
     DiskCollector,

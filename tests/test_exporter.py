@@ -15,13 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.catalogue import AGENT_METRICS, Catalogue, counter, gauge, histogram
-from agent.config import ConfigError
-from agent.readings import HistogramSample, Sample
-from agent.store import Store
-from exporters.http import MetricsServer
-from exporters.prometheus import StoreCollector, TextRenderer
-from exporters.webconfig import load_web_config
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter, gauge, histogram
+from kvscope.agent.config import ConfigError
+from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.store import Store
+from kvscope.exporters.http import MetricsServer
+from kvscope.exporters.prometheus import StoreCollector, TextRenderer
+from kvscope.exporters.webconfig import load_web_config
 
 SPECS = [
     *AGENT_METRICS,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.exposition_scan import ExpositionScanner, SampleList, parse_labels
+from kvscope.collectors.exposition_scan import ExpositionScanner, SampleList, parse_labels
 
 PAGES = sorted((Path(__file__).parent / "fixtures" / "vllm").glob("*.prom"))
 

@@ -20,11 +20,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from agent.config import load_config
-from agent.runtime import build_agent
-from collectors.base import CollectorSpec
-from collectors.registry import collector_specs
-from exporters.http import MetricsServer
+from kvscope.agent.config import load_config
+from kvscope.agent.runtime import build_agent
+from kvscope.collectors.base import CollectorSpec
+from kvscope.collectors.registry import collector_specs
+from kvscope.exporters.http import MetricsServer
 from tests.conftest import require_tool
 
 HOST = Path(__file__).parent / "fixtures" / "host"

@@ -9,13 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.config import ConfigError, load_config
-from agent.readings import Reading, Sample
-from agent.store import Store
-from collectors.fs_common import ToolError
-from collectors.gpfs import DEFAULT_MMPMON, METRICS, GpfsCollector, GpfsFs, GpfsOptions, parse_fs_io_s, run_mmpmon
-from collectors.registry import collector_specs
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.store import Store
+from kvscope.collectors.fs_common import ToolError
+from kvscope.collectors.gpfs import (
+    DEFAULT_MMPMON,
+    METRICS,
+    GpfsCollector,
+    GpfsFs,
+    GpfsOptions,
+    parse_fs_io_s,
+    run_mmpmon,
+)
+from kvscope.collectors.registry import collector_specs
 
 SHAREDFS = Path(__file__).parent / "fixtures" / "sharedfs"
 GPFS = SHAREDFS / "gpfs"

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.readings import Reading, Sample
-from agent.scheduler import Job, Scheduler
-from agent.store import Store
-from collectors import gpu_nvml_replay
-from collectors.gpu_nvml import SPEC, NvmlCollector, NvmlOptions
-from collectors.gpu_nvml_replay import NvmlRecorder, NvmlReplay, ReplayMiss
-from collectors.gpu_samples import METRICS, integrate_samples, split_span, wrap_modulus
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.scheduler import Job, Scheduler
+from kvscope.agent.store import Store
+from kvscope.collectors import gpu_nvml_replay
+from kvscope.collectors.gpu_nvml import SPEC, NvmlCollector, NvmlOptions
+from kvscope.collectors.gpu_nvml_replay import NvmlRecorder, NvmlReplay, ReplayMiss
+from kvscope.collectors.gpu_samples import METRICS, integrate_samples, split_span, wrap_modulus
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 T0 = 1754000000000000  # µs since 1970, the first sample of two_h200_constructed.json
@@ -314,8 +314,8 @@ def test_without_pynvml_and_through_the_scheduler_collector_up_stays_1(caplog: A
 
 
 def test_registered_enabled_and_catalogued() -> None:
-    from agent.runtime import build_catalogue
-    from collectors.registry import collector_specs
+    from kvscope.agent.runtime import build_catalogue
+    from kvscope.collectors.registry import collector_specs
 
     assert collector_specs()["nvml"] is SPEC and SPEC.enabled_by_default
     catalogue = build_catalogue()
@@ -454,7 +454,7 @@ def test_real_h200_recording_replays_to_the_live_busy_idle_totals(fixture: str) 
 
 
 def test_real_h200_pcie_counters_are_32_bit_and_unwrap_to_the_live_totals() -> None:
-    from collectors.gpu_samples import unwrap
+    from kvscope.collectors.gpu_samples import unwrap
 
     recording = load("h200_real_auto.json")
     last_poll = len(recording["polls"]) - 1  # reads after the last collection are not in its readings

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from agent.http_server import QuietHTTPServer
-from exporters.http import MetricsServer
+from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.exporters.http import MetricsServer
 from tests.test_exporter import filled_store
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.config import ConfigError, load_config
-from agent.tiers import Tier
-from collectors.kv_event_schema import (
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.tiers import Tier
+from kvscope.collectors.kv_event_schema import (
     BatchDecoder,
     MalformedBatch,
     Vllm020AllBlocksCleared,
@@ -22,9 +22,9 @@ from collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
-from collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
-from collectors.registry import collector_specs
-from collectors.vllm_kv_events import NAME, rank_endpoint
+from kvscope.collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.vllm_kv_events import NAME, rank_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "kv_events"
 

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 import zmq
 
-from agent.config import ConfigError, load_config
-from agent.readings import HistogramSample, Sample
-from agent.tiers import Tier
-from collectors.kv_event_schema import (
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.tiers import Tier
+from kvscope.collectors.kv_event_schema import (
     BatchDecoder,
     GpuStoredEvent,
     RemovedEvent,
@@ -27,9 +27,9 @@ from collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
-from collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
-from collectors.registry import collector_specs
-from collectors.vllm_kv_events import (
+from kvscope.collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.vllm_kv_events import (
     NAME,
     REUSE_DISTANCE,
     REUSE_STORES_TOTAL,

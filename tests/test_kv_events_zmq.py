@@ -14,11 +14,11 @@ import msgspec
 import pytest
 import zmq
 
-from agent.readings import HistogramSample, Sample
-from agent.runtime import build_catalogue
-from agent.store import Store
-from collectors.kv_event_schema import END_SEQ, Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
-from collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
+from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.runtime import build_catalogue
+from kvscope.agent.store import Store
+from kvscope.collectors.kv_event_schema import END_SEQ, Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
+from kvscope.collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
 
 pytestmark = pytest.mark.integration
 FIX = Path(__file__).parent / "fixtures" / "kv_events"

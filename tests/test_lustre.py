@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.config import ConfigError, load_config
-from agent.readings import Reading, Sample
-from agent.store import Store
-from collectors.lustre import (
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.store import Store
+from kvscope.collectors.lustre import (
     METRICS,
     LustreCollector,
     LustreOptions,
@@ -21,7 +21,7 @@ from collectors.lustre import (
     parse_llite_stats,
     split_lctl_output,
 )
-from collectors.registry import collector_specs
+from kvscope.collectors.registry import collector_specs
 
 SHAREDFS = Path(__file__).parent / "fixtures" / "sharedfs"
 NODE = SHAREDFS / "node"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.config import ConfigError, load_config
-from agent.readings import Sample
-from agent.store import Store
-from collectors import network
-from collectors.network import NetCounters, NetworkCollector, NetworkOptions, parse_net_dev
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import Sample
+from kvscope.agent.store import Store
+from kvscope.collectors import network
+from kvscope.collectors.network import NetCounters, NetworkCollector, NetworkOptions, parse_net_dev
 
 HOST = Path(__file__).parent / "fixtures" / "host"
 

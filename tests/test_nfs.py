@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.catalogue import AGENT_METRICS, Catalogue
-from agent.config import ConfigError, load_config
-from agent.readings import Reading, Sample
-from agent.store import Store
-from collectors.nfs import METRICS, NfsCollector, NfsOptions, parse_mountstats
-from collectors.registry import collector_specs
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.store import Store
+from kvscope.collectors.nfs import METRICS, NfsCollector, NfsOptions, parse_mountstats
+from kvscope.collectors.registry import collector_specs
 
 NODE = Path(__file__).parent / "fixtures" / "sharedfs" / "node"
 MOUNTSTATS = NODE / "proc" / "self" / "mountstats"

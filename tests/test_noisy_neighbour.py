@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config
-from agent.reference.engine import EngineConfig
-from agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, run_noisy_neighbour
-from collectors.registry import collector_specs
-from collectors.sysfs import block_device_of
+from kvscope.agent.config import load_config
+from kvscope.agent.reference.engine import EngineConfig
+from kvscope.agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, run_noisy_neighbour
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.sysfs import block_device_of
 
 MIB = 1 << 20
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from agent.correlation.records import RECORDS_KEY, RecordBuffer
-from collectors.base import CollectorContext
-from collectors.otlp_traces import (
+from kvscope.agent.correlation.records import RECORDS_KEY, RecordBuffer
+from kvscope.collectors.base import CollectorContext
+from kvscope.collectors.otlp_traces import (
     EXPORTS,
     PROTOBUF,
     SPANS,
@@ -149,7 +149,7 @@ def test_limits_and_bad_input_are_counted_not_fatal(receiver: OtlpTracesReceiver
 
 
 def test_options_validation() -> None:
-    from agent.config import ConfigError, bind
+    from kvscope.agent.config import ConfigError, bind
     with pytest.raises(ConfigError, match="listen"):
         bind(OtlpTracesOptions, {"listen": "nonsense"}, "collectors.otlp_traces")
     assert bind(OtlpTracesOptions, {}, "collectors.otlp_traces").listen == "0.0.0.0:4318"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.readings import Sample
-from collectors.rdma import RdmaCollector, RdmaOptions, port_readings
+from kvscope.agent.readings import Sample
+from kvscope.collectors.rdma import RdmaCollector, RdmaOptions, port_readings
 
 HOST = Path(__file__).parent / "fixtures" / "host"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.correlation import signals
-from agent.reference.device import DeviceSamples
+from kvscope.agent.correlation import signals
+from kvscope.agent.reference.device import DeviceSamples
 
 
 def test_busy_intervals_and_gaps_tile_the_timeline() -> None:

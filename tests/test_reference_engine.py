@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.reference.engine import Engine, EngineConfig
-from agent.reference.geometry import KVGeometry
-from agent.reference.kv_publisher import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from agent.reference.openai_server import ReferenceServer
-from agent.reference.tracing import RequestTracer
-from agent.reference.truth import read_truth
+from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.geometry import KVGeometry
+from kvscope.agent.reference.kv_publisher import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvscope.agent.reference.openai_server import ReferenceServer
+from kvscope.agent.reference.tracing import RequestTracer
+from kvscope.agent.reference.truth import read_truth
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 TINY = KVGeometry("tiny", 4, 2, 64)  # 2 KiB per token: 32 KiB blocks of 16 tokens

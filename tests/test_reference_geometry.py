@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.cli import main
-from agent.reference.geometry import KVGeometry, parse_count, parse_size, preset
+from kvscope.agent.cli import main
+from kvscope.agent.reference.geometry import KVGeometry, parse_count, parse_size, preset
 
 
 def test_gpt_oss_120b_bytes_per_token_is_the_seeds_figure() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from agent.reference.engine import Engine, EngineConfig
-from agent.reference.geometry import KVGeometry
-from agent.reference.scenarios import shared_prompts, ttft_sweep
+from kvscope.agent.cli import main
+from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.geometry import KVGeometry
+from kvscope.agent.reference.scenarios import shared_prompts, ttft_sweep
 
 TINY = KVGeometry("tiny", 4, 2, 64)  # 2 KiB per token
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.reference.blockfile import (
+from kvscope.agent.reference.blockfile import (
     PAGE,
     BlockFileError,
     BlockHeader,
@@ -15,9 +15,9 @@ from agent.reference.blockfile import (
     encode_header,
     parse_header,
 )
-from agent.reference.blocks import BlockId, block_stamp, chain_blocks
-from agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
-from agent.tiers import Tier
+from kvscope.agent.reference.blocks import BlockId, block_stamp, chain_blocks
+from kvscope.agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
+from kvscope.agent.tiers import Tier
 
 G1, G2, G3, G4 = Tier.G1, Tier.G2, Tier.G3, Tier.G4
 BLOCK_TOKENS = 4

@@ -7,11 +7,11 @@ import threading
 import time
 from collections.abc import Iterable
 
-from agent.catalogue import AGENT_METRICS, Catalogue, counter
-from agent.readings import Reading, Sample
-from agent.scheduler import Job, Scheduler
-from agent.store import Store
-from exporters.http import MetricsServer
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter
+from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.scheduler import Job, Scheduler
+from kvscope.agent.store import Store
+from kvscope.exporters.http import MetricsServer
 
 TICKS = "kvscope_ticks_total"
 

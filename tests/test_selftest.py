@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from agent.config import load_config
-from agent.selftest.checks import Check, Figures, compare
-from agent.selftest.harness import agent_config_text
-from agent.selftest.plans import SharedPromptsPlan
-from agent.selftest.report import as_json, table
-from agent.selftest.runner import run_plans
-from collectors.registry import collector_specs
+from kvscope.agent.cli import main
+from kvscope.agent.config import load_config
+from kvscope.agent.selftest.checks import Check, Figures, compare
+from kvscope.agent.selftest.harness import agent_config_text
+from kvscope.agent.selftest.plans import SharedPromptsPlan
+from kvscope.agent.selftest.report import as_json, table
+from kvscope.agent.selftest.runner import run_plans
+from kvscope.collectors.registry import collector_specs
 
 SMALL_PLAN = SharedPromptsPlan(requests=16, prompts=4, concurrency=3)
 
@@ -115,7 +115,7 @@ def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
 
 def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI writes the JSON and exits 1 on a miss (the run itself is doctored to miss)."""
-    from agent.selftest import runner
+    from kvscope.agent.selftest import runner
 
     captured: dict[str, object] = {}
 
@@ -135,12 +135,18 @@ def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> None:
     """The correlation change the selftest needed: transfer seconds grow while a request runs, its prefill
     time is observed when it finishes; the fetch waits for it instead of becoming fetch_overflow."""
-    from agent.contract import KV_TRANSFER_BYTES, KV_TRANSFER_SECONDS, PREFILL_SECONDS, QUEUE_SECONDS, TTFT_SECONDS
-    from agent.correlation.engine import CorrelationEngine, CorrelationOptions
-    from agent.correlation.metrics import ATTRIBUTION_ERROR, TTFT_ATTRIBUTED
-    from agent.readings import HistogramSample, Reading, Sample
-    from agent.runtime import build_catalogue
-    from agent.store import Store
+    from kvscope.agent.contract import (
+        KV_TRANSFER_BYTES,
+        KV_TRANSFER_SECONDS,
+        PREFILL_SECONDS,
+        QUEUE_SECONDS,
+        TTFT_SECONDS,
+    )
+    from kvscope.agent.correlation.engine import CorrelationEngine, CorrelationOptions
+    from kvscope.agent.correlation.metrics import ATTRIBUTION_ERROR, TTFT_ATTRIBUTED
+    from kvscope.agent.readings import HistogramSample, Reading, Sample
+    from kvscope.agent.runtime import build_catalogue
+    from kvscope.agent.store import Store
 
     store = Store(build_catalogue())
     key = ("reference", "m", "0")
@@ -169,10 +175,10 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
 
 
 def test_noisy_phase_checks_pass_on_agreement_and_miss_on_a_wrong_split() -> None:
-    from agent.reference.noise import PhaseView
-    from agent.reference.scenarios import LoadResult
-    from agent.reference.truth import RequestTruth
-    from agent.selftest.noisy import _phase_checks
+    from kvscope.agent.reference.noise import PhaseView
+    from kvscope.agent.reference.scenarios import LoadResult
+    from kvscope.agent.reference.truth import RequestTruth
+    from kvscope.agent.selftest.noisy import _phase_checks
 
     truths = [RequestTruth(str(i), 0.0, 2048, queue_s=0.01, fetch_s={"G4": 0.08}, prefill_compute_s=0.01,
                            ttft_s=0.1) for i in range(4)]

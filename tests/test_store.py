@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from agent.catalogue import Catalogue, counter, gauge, histogram
-from agent.readings import HistogramSample, Sample
-from agent.store import Store
+from kvscope.agent.catalogue import Catalogue, counter, gauge, histogram
+from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.store import Store
 
 C = "kvscope_test_bytes_total"
 G = "kvscope_test_blocks"
@@ -18,7 +18,7 @@ H = "kvscope_test_seconds"
 
 @pytest.fixture
 def store() -> Store:
-    from agent.catalogue import AGENT_METRICS
+    from kvscope.agent.catalogue import AGENT_METRICS
 
     specs = [
         counter(C, "bytes", ("device",), "test counter", "test"),

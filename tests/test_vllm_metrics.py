@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from agent.config import ConfigError, load_config
-from agent.readings import HistogramSample, Reading, Sample
-from agent.runtime import build_catalogue
-from agent.store import Store
-from collectors.exposition_scan import ExpositionScanner
-from collectors.registry import collector_specs
-from collectors.vllm_map import Normaliser
-from collectors.vllm_metrics import SPEC, VllmMetricsCollector, VllmOptions
-from exporters.prometheus import TextRenderer
+from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.runtime import build_catalogue
+from kvscope.agent.store import Store
+from kvscope.collectors.exposition_scan import ExpositionScanner
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.vllm_map import Normaliser
+from kvscope.collectors.vllm_metrics import SPEC, VllmMetricsCollector, VllmOptions
+from kvscope.exporters.prometheus import TextRenderer
 from tests.conftest import require_tool
 
 HERE = Path(__file__).parent / "fixtures" / "vllm"

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import contract as c
-from agent.analyze.inputs import COMPONENTS, Recording, Scrapes, parse_recording, parse_scrapes
-from agent.correlation.attribution import WindowTotals, attribute_window
-from agent.readings import HistogramSample, Sample
-from collectors.aiperf import AiperfRequest, parse_profile_export
-from collectors.vllm_map import DEFAULT_SOURCE_TIERS, DEFAULT_TIERING_TIERS, Normaliser
+from kvscope.agent import contract as c
+from kvscope.agent.analyze.inputs import COMPONENTS, Recording, Scrapes, parse_recording, parse_scrapes
+from kvscope.agent.correlation.attribution import WindowTotals, attribute_window
+from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.collectors.aiperf import AiperfRequest, parse_profile_export
+from kvscope.collectors.vllm_map import DEFAULT_SOURCE_TIERS, DEFAULT_TIERING_TIERS, Normaliser
 
 FETCH_INSIDE = {"reference": "prefill"}  # as the correlation engine's default fetch_inside_by_engine
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.analyze.build import Report
-from agent.analyze.inputs import COMPONENTS
+from kvscope.agent.analyze.build import Report
+from kvscope.agent.analyze.inputs import COMPONENTS
 
 COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "prefill": "#2e86ab", "other": "#f3a712"}
 

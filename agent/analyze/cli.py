@@ -9,9 +9,9 @@ from typing import Any
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from agent.analyze.build import build_report
-    from agent.analyze.charts import write_charts
-    from agent.analyze.render import to_json, to_markdown
+    from kvscope.agent.analyze.build import build_report
+    from kvscope.agent.analyze.charts import write_charts
+    from kvscope.agent.analyze.render import to_json, to_markdown
 
     try:
         report = build_report(args.dir, args.recording, args.baseline, engine=args.engine)

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.aiperf import ScrapeEntry, parse_entry, parse_server_metrics
-from collectors.exposition_scan import ScanResult
+from kvscope.collectors.aiperf import ScrapeEntry, parse_entry, parse_server_metrics
+from kvscope.collectors.exposition_scan import ScanResult
 
 COMPONENTS = ("queue", "fetch", "prefill", "other")
 

@@ -7,8 +7,8 @@ import json
 import math
 from typing import Any
 
-from agent.analyze.build import Report, Split
-from agent.analyze.inputs import COMPONENTS
+from kvscope.agent.analyze.build import Report, Split
+from kvscope.agent.analyze.inputs import COMPONENTS
 
 
 def _num(value: Any) -> Any:

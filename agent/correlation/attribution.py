@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.correlation.costmodel import PrefillCostModel
-from agent.correlation.records import RequestRecord
+from kvscope.agent.correlation.costmodel import PrefillCostModel
+from kvscope.agent.correlation.records import RequestRecord
 
 FetchInside = Literal["queue", "prefill"]
 Method = Literal["measured", "estimated", "derived"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.correlation.nnls import Fit, nnls
+from kvscope.agent.correlation.nnls import Fit, nnls
 
 
 def compute_features(new: float, ctx: float) -> tuple[float, float]:

@@ -11,9 +11,9 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from agent.correlation.attribution import Attribution
-from agent.correlation.costmodel import PrefillCostModel
-from agent.correlation.records import RequestRecord
+from kvscope.agent.correlation.attribution import Attribution
+from kvscope.agent.correlation.costmodel import PrefillCostModel
+from kvscope.agent.correlation.records import RequestRecord
 
 
 def recompute_avoided(record: RequestRecord, attribution: Attribution, model: PrefillCostModel) -> float | None:

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from agent import contract
-from agent.correlation import metrics as m
-from agent.correlation import signals
-from agent.correlation.attribution import (
+from kvscope.agent import contract
+from kvscope.agent.correlation import metrics as m
+from kvscope.agent.correlation import signals
+from kvscope.agent.correlation.attribution import (
     Attribution,
     FetchInside,
     WindowTotals,
@@ -33,20 +33,20 @@ from agent.correlation.attribution import (
     compute_sample,
     estimate_fetch,
 )
-from agent.correlation.costmodel import PrefillCostModel, TierFetchModel
-from agent.correlation.counterfactuals import (
+from kvscope.agent.correlation.costmodel import PrefillCostModel, TierFetchModel
+from kvscope.agent.correlation.counterfactuals import (
     breakeven_bandwidth,
     recompute_avoided,
     ttft_without_cache,
     typical_reused_tokens,
 )
-from agent.correlation.output import JsonlWriter, request_line
-from agent.correlation.paths import parse_selector
-from agent.correlation.records import Interval, RecordBuffer, RequestRecord, shared_buffer
-from agent.readings import HistogramSample, LabelValues, Reading, Sample
-from agent.store import Store
-from agent.tiers import Tier, link
-from collectors.base import CollectorContext, CollectorSpec
+from kvscope.agent.correlation.output import JsonlWriter, request_line
+from kvscope.agent.correlation.paths import parse_selector
+from kvscope.agent.correlation.records import Interval, RecordBuffer, RequestRecord, shared_buffer
+from kvscope.agent.readings import HistogramSample, LabelValues, Reading, Sample
+from kvscope.agent.store import Store
+from kvscope.agent.tiers import Tier, link
+from kvscope.collectors.base import CollectorContext, CollectorSpec
 
 Key = tuple[str, str, str]  # engine, model, dp_rank
 # Queue and prefill time are observed when a request finishes, its fetch while it runs: a fetch that does

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.catalogue import counter, gauge, histogram
-from agent.contract import ENGINE_LABELS
+from kvscope.agent.catalogue import counter, gauge, histogram
+from kvscope.agent.contract import ENGINE_LABELS
 
 _E = ENGINE_LABELS
 _SRC = "correlation engine"

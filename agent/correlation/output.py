@@ -8,8 +8,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from agent.correlation.attribution import Attribution
-from agent.correlation.records import RequestRecord
+from kvscope.agent.correlation.attribution import Attribution
+from kvscope.agent.correlation.records import RequestRecord
 
 log = logging.getLogger("kvscope.correlation")
 

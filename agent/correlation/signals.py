@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.correlation.attribution import Attribution, FetchInside
-from agent.correlation.records import Interval, RequestRecord
+from kvscope.agent.correlation.attribution import Attribution, FetchInside
+from kvscope.agent.correlation.records import Interval, RequestRecord
 
 # -- fetch stall -----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from agent.reference.geometry import KVGeometry, human_bytes, parse_count, parse_size, preset
+from kvscope.agent.reference.geometry import KVGeometry, human_bytes, parse_count, parse_size, preset
 
 TIER_FLAGS = ("g1", "g2", "g3", "g4")
 
@@ -96,6 +96,6 @@ def add_commands(sub: Any) -> None:
     for t in TIER_FLAGS:
         kv.add_argument(f"--{t}", help=f"{t.upper()} capacity (19.6GiB, 2TB, ...)")
     kv.set_defaults(func=_kv_size)
-    from agent.reference.cli_reference import add_reference_commands
+    from kvscope.agent.reference.cli_reference import add_reference_commands
 
     add_reference_commands(sub)

@@ -12,13 +12,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent.reference.geometry import parse_size
+from kvscope.agent.reference.geometry import parse_size
 
 log = logging.getLogger("kvscope.reference")
 
 
 def _engine_args(p: argparse.ArgumentParser, g1: str, g4: str) -> None:
-    from agent.reference.cli import add_geometry_args
+    from kvscope.agent.reference.cli import add_geometry_args
 
     add_geometry_args(p)
     t = p.add_argument_group("tiers (capacities like 2GiB; 0 turns a tier off)")
@@ -39,8 +39,8 @@ def _engine_args(p: argparse.ArgumentParser, g1: str, g4: str) -> None:
 
 
 def _config(args: argparse.Namespace, data_dir: Path, **extra: Any) -> Any:
-    from agent.reference.cli import geometry_from_args
-    from agent.reference.engine import EngineConfig
+    from kvscope.agent.reference.cli import geometry_from_args
+    from kvscope.agent.reference.engine import EngineConfig
 
     geo = geometry_from_args(args)
     block_bytes = geo.block_bytes(args.block_tokens)
@@ -55,9 +55,9 @@ def _config(args: argparse.Namespace, data_dir: Path, **extra: Any) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from agent.reference.engine import Engine
-    from agent.reference.openai_server import ReferenceServer
-    from agent.reference.scenarios import data_dir
+    from kvscope.agent.reference.engine import Engine
+    from kvscope.agent.reference.openai_server import ReferenceServer
+    from kvscope.agent.reference.scenarios import data_dir
 
     with data_dir(args.data_dir) as d:
         config = _config(args, d, served_model_name=args.served_model_name, truth_path=args.truth,
@@ -87,7 +87,7 @@ def _scenario_base(args: argparse.Namespace, d: Path) -> Any:
 
 
 def _ttft_sweep(args: argparse.Namespace) -> int:
-    from agent.reference.scenarios import data_dir, format_sweep, ttft_sweep
+    from kvscope.agent.reference.scenarios import data_dir, format_sweep, ttft_sweep
 
     lengths = [int(x) for x in args.lengths.split(",")]
     with data_dir(args.data_dir) as d:
@@ -100,7 +100,7 @@ def _ttft_sweep(args: argparse.Namespace) -> int:
 
 
 def _shared_prompts(args: argparse.Namespace) -> int:
-    from agent.reference.scenarios import data_dir, format_load, shared_prompts
+    from kvscope.agent.reference.scenarios import data_dir, format_load, shared_prompts
 
     with data_dir(args.data_dir) as d:
         cache, recompute = shared_prompts(_scenario_base(args, d), args.requests, args.prompts, args.concurrency,
@@ -114,8 +114,8 @@ def _shared_prompts(args: argparse.Namespace) -> int:
 
 
 def _noisy_neighbour(args: argparse.Namespace) -> int:
-    from agent.reference.noise import NoiseSpec, format_noisy, run_noisy_neighbour
-    from agent.reference.scenarios import data_dir
+    from kvscope.agent.reference.noise import NoiseSpec, format_noisy, run_noisy_neighbour
+    from kvscope.agent.reference.scenarios import data_dir
 
     spec = NoiseSpec(threads=args.noise_threads, mode=args.noise_mode, io_bytes=parse_size(args.noise_io),
                      file_bytes=parse_size(args.noise_file), bytes_per_second=parse_size(args.noise_rate))

@@ -24,16 +24,16 @@ from typing import Any
 import zmq
 from prometheus_client import CollectorRegistry
 
-from agent.reference.blocks import chain_blocks
-from agent.reference.costmodel import CostModel
-from agent.reference.geometry import KVGeometry, preset
-from agent.reference.kv_publisher import KVEventPublisher
-from agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
-from agent.reference.tokenizer import output_piece
-from agent.reference.tracing import RequestTracer, span_attributes
-from agent.reference.truth import RequestTruth, TruthLog
-from agent.reference.vllm_dialect import VllmMetrics
-from agent.tiers import Tier
+from kvscope.agent.reference.blocks import chain_blocks
+from kvscope.agent.reference.costmodel import CostModel
+from kvscope.agent.reference.geometry import KVGeometry, preset
+from kvscope.agent.reference.kv_publisher import KVEventPublisher
+from kvscope.agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
+from kvscope.agent.reference.tokenizer import output_piece
+from kvscope.agent.reference.tracing import RequestTracer, span_attributes
+from kvscope.agent.reference.truth import RequestTruth, TruthLog
+from kvscope.agent.reference.vllm_dialect import VllmMetrics
+from kvscope.agent.tiers import Tier
 
 log = logging.getLogger("kvscope.reference.engine")
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
-from agent.reference.tierstore import MEDIUM, BlockEvent
-from collectors.kv_event_schema import Vllm033AllBlocksCleared as AllBlocksCleared
-from collectors.kv_event_schema import Vllm033Batch as KVEventBatch
-from collectors.kv_event_schema import Vllm033BlockRemoved as BlockRemoved
-from collectors.kv_event_schema import Vllm033BlockStored as BlockStored
+from kvscope.agent.reference.tierstore import MEDIUM, BlockEvent
+from kvscope.collectors.kv_event_schema import Vllm033AllBlocksCleared as AllBlocksCleared
+from kvscope.collectors.kv_event_schema import Vllm033Batch as KVEventBatch
+from kvscope.collectors.kv_event_schema import Vllm033BlockRemoved as BlockRemoved
+from kvscope.collectors.kv_event_schema import Vllm033BlockStored as BlockStored
 
 log = logging.getLogger("kvscope.reference.kv_events")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)

@@ -31,14 +31,14 @@ from typing import Literal
 
 import numpy as np
 
-from agent import contract
-from agent.config import load_config
-from agent.reference.engine import EngineConfig
-from agent.reference.openai_server import ReferenceServer
-from agent.reference.scenarios import LoadResult, _drive, _prompt, running_engine
-from agent.runtime import Agent, build_agent
-from collectors.registry import collector_specs
-from collectors.sysfs import block_device_of
+from kvscope.agent import contract
+from kvscope.agent.config import load_config
+from kvscope.agent.reference.engine import EngineConfig
+from kvscope.agent.reference.openai_server import ReferenceServer
+from kvscope.agent.reference.scenarios import LoadResult, _drive, _prompt, running_engine
+from kvscope.agent.runtime import Agent, build_agent
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.sysfs import block_device_of
 
 MIB = 1 << 20
 Mode = Literal["read", "write", "mixed"]

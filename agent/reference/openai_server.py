@@ -19,9 +19,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent.http_server import QuietHTTPServer
-from agent.reference import tokenizer
-from agent.reference.engine import Engine, EngineRequest
+from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.reference import tokenizer
+from kvscope.agent.reference.engine import Engine, EngineRequest
 
 log = logging.getLogger("kvscope.reference.http")
 

@@ -12,7 +12,7 @@ import mmap
 
 import numpy as np
 
-from agent.reference.blockfile import padded
+from kvscope.agent.reference.blockfile import padded
 
 
 class MemoryPool:

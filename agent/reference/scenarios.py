@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.reference.engine import Engine, EngineConfig
-from agent.reference.tokenizer import VOCAB
-from agent.reference.truth import RequestTruth
+from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.tokenizer import VOCAB
+from kvscope.agent.reference.truth import RequestTruth
 
 
 @contextmanager

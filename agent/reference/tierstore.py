@@ -33,10 +33,10 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
-from agent.reference.blocks import BlockId, stamp_block
-from agent.reference.pools import MemoryPool
-from agent.tiers import Tier
+from kvscope.agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
+from kvscope.agent.reference.blocks import BlockId, stamp_block
+from kvscope.agent.reference.pools import MemoryPool
+from kvscope.agent.tiers import Tier
 
 log = logging.getLogger("kvscope.reference.store")
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.selftest.checks import COMPONENTS
+from kvscope.agent.selftest.checks import COMPONENTS
 
 COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "prefill": "#ff7f0e", "other": "#d4c35a"}
 

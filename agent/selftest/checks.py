@@ -28,8 +28,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.selftest.harness import ENGINE_KIND, RunCapture
-from agent.tiers import STORAGE_TIERS
+from kvscope.agent.selftest.harness import ENGINE_KIND, RunCapture
+from kvscope.agent.tiers import STORAGE_TIERS
 
 COMPONENTS = ("queue", "fetch", "prefill", "other")
 SHARE_PP = 5.0

@@ -16,8 +16,8 @@ from typing import Any
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    from agent.selftest.report import summary, table, write_json
-    from agent.selftest.runner import run_plans, select
+    from kvscope.agent.selftest.report import summary, table, write_json
+    from kvscope.agent.selftest.runner import run_plans, select
 
     logging.getLogger().setLevel(logging.WARNING)  # the table is the output; warnings still show
     rows, meta, _ = run_plans(select(args.scenario), args.workdir)
@@ -29,8 +29,8 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from agent.selftest.demo import run_demo
-    from agent.selftest.plans import SharedPromptsPlan
+    from kvscope.agent.selftest.demo import run_demo
+    from kvscope.agent.selftest.plans import SharedPromptsPlan
 
     logging.getLogger().setLevel(logging.WARNING)
     plan = SharedPromptsPlan(requests=args.requests, prompts=args.prompts, concurrency=args.concurrency,

@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import load_config
-from agent.reference.device import DeviceSamples
-from agent.reference.engine import Engine, EngineConfig
-from agent.reference.openai_server import ReferenceServer
-from agent.reference.tierstore import Transfer
-from agent.reference.tracing import RequestTracer
-from agent.reference.truth import RequestTruth
-from agent.runtime import Agent, build_agent
-from agent.tiers import STORAGE_TIERS
-from collectors.registry import collector_specs
-from collectors.sysfs import block_device_of
+from kvscope.agent.config import load_config
+from kvscope.agent.reference.device import DeviceSamples
+from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.openai_server import ReferenceServer
+from kvscope.agent.reference.tierstore import Transfer
+from kvscope.agent.reference.tracing import RequestTracer
+from kvscope.agent.reference.truth import RequestTruth
+from kvscope.agent.runtime import Agent, build_agent
+from kvscope.agent.tiers import STORAGE_TIERS
+from kvscope.collectors.registry import collector_specs
+from kvscope.collectors.sysfs import block_device_of
 
 log = logging.getLogger("kvscope.selftest")
 

@@ -13,10 +13,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.reference.engine import EngineConfig
-from agent.reference.noise import NoiseSpec, PhaseView, run_noisy_neighbour
-from agent.reference.scenarios import LoadResult
-from agent.selftest.checks import COMPONENTS, SHARE_PP, Check, shares
+from kvscope.agent.reference.engine import EngineConfig
+from kvscope.agent.reference.noise import NoiseSpec, PhaseView, run_noisy_neighbour
+from kvscope.agent.reference.scenarios import LoadResult
+from kvscope.agent.selftest.checks import COMPONENTS, SHARE_PP, Check, shares
 
 MIB = 1 << 20
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.reference.engine import EngineConfig
-from agent.reference.geometry import KVGeometry, preset
-from agent.reference.scenarios import LoadResult, SweepRow, shared_prompts, ttft_sweep
-from agent.selftest.harness import Harness
+from kvscope.agent.reference.engine import EngineConfig
+from kvscope.agent.reference.geometry import KVGeometry, preset
+from kvscope.agent.reference.scenarios import LoadResult, SweepRow, shared_prompts, ttft_sweep
+from kvscope.agent.selftest.harness import Harness
 
 SCENARIOS = ("shared-prompts", "ttft-sweep")
 # 4 layers x 2 KV heads x 64 dims x fp16 = 2 KiB per token: real bytes, small files

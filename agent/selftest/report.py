@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.selftest.checks import Check
+from kvscope.agent.selftest.checks import Check
 
 HEADER = ("scenario/run", "quantity", "truth", "measured", "error", "tolerance", "verdict")
 

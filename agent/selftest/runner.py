@@ -10,11 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent import __version__
-from agent.selftest.checks import Check, check_run
-from agent.selftest.harness import Harness, RunCapture
-from agent.selftest.noisy import NoisyPlan, noisy_checks
-from agent.selftest.plans import SharedPromptsPlan, SweepPlan
+from kvscope import __version__
+from kvscope.agent.selftest.checks import Check, check_run
+from kvscope.agent.selftest.harness import Harness, RunCapture
+from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
+from kvscope.agent.selftest.plans import SharedPromptsPlan, SweepPlan
 
 Plan = SharedPromptsPlan | SweepPlan | NoisyPlan
 DEFAULT_PLANS: dict[str, Plan] = {
