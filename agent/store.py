@@ -1,9 +1,12 @@
-"""The store: every series the agent knows, with counter-reset-safe totals and a short history.
+"""The store: the current value of every series the agent knows, with counter-reset-safe totals.
 
 Series are keyed by metric name and label values. For counters the store keeps its own monotonic
 total: a source counter that goes backwards (an engine restart, a re-created device) is a reset and
 its new value counts from zero; a counter of known width that goes backwards is a wrap. Either way
 no delta is ever negative and the exported total never decreases.
+
+No history is kept: the exposition and the analyses read current values only (an analysis that
+needs rates keeps its own previous values).
 
 Each collector owns the series it reports: a successful collection replaces the collector's set,
 so a vanished device stops being exported, while its state is kept and a device that comes back
@@ -14,14 +17,11 @@ continues its total. A failed collection leaves the last values in place (the to
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvscope.agent.catalogue import Catalogue, MetricSpec
 from kvscope.agent.readings import HistogramSample, LabelValues, Reading, Sample
-
-DEFAULT_HISTORY = 600
 
 
 @dataclass(slots=True)
@@ -30,7 +30,6 @@ class Series:
     labels: LabelValues
     value: float = 0.0  # gauge value, or the monotonic total of a counter
     last_raw: float | None = None
-    history: deque[tuple[float, float]] = field(default_factory=deque)
     # histograms: monotonic cumulative bucket counts, sum and count
     bounds: tuple[float, ...] = ()
     buckets: list[float] = field(default_factory=list)
@@ -48,11 +47,8 @@ class IngestResult:
 
 
 class Store:
-    def __init__(self, catalogue: Catalogue, history: int = DEFAULT_HISTORY) -> None:
-        if history < 2:
-            raise ValueError("history must keep at least 2 points")
+    def __init__(self, catalogue: Catalogue) -> None:
         self.catalogue = catalogue
-        self._history = history
         self._lock = threading.Lock()
         self._series: dict[tuple[str, LabelValues], Series] = {}
         self._owned: dict[str, set[tuple[str, LabelValues]]] = {}
@@ -75,12 +71,12 @@ class Store:
                     if not isinstance(reading, HistogramSample):
                         result.rejected += 1
                         continue
-                    result.resets += self._apply_histogram(series, reading, now)
+                    result.resets += self._apply_histogram(series, reading)
                 else:
                     if not isinstance(reading, Sample):
                         result.rejected += 1
                         continue
-                    result.resets += self._apply_scalar(series, reading, now)
+                    result.resets += self._apply_scalar(series, reading)
                 seen.add(key)
                 result.accepted += 1
             previous = self._owned.get(collector, set())
@@ -88,9 +84,9 @@ class Store:
             self._exported |= seen
             self._owned[collector] = seen
             if result.resets:
-                self._bump_locked("kvscope_source_resets_total", (collector,), result.resets, now)
+                self._bump_locked("kvscope_source_resets_total", (collector,), result.resets)
             if result.rejected:
-                self._bump_locked("kvscope_store_rejected_readings_total", (collector,), result.rejected, now)
+                self._bump_locked("kvscope_store_rejected_readings_total", (collector,), result.rejected)
         return result
 
     def set_gauge(self, name: str, labels: LabelValues, value: float, now: float) -> None:
@@ -100,20 +96,18 @@ class Store:
             if series is None:
                 raise KeyError(f"{name}{labels} is not a catalogued gauge")
             series.value = value
-            self._record(series, now, value)
             self._exported.add((name, labels))
 
     def bump(self, name: str, labels: LabelValues, by: float, now: float) -> None:
         """An agent-internal counter: add `by` (>= 0) to its total."""
         with self._lock:
-            self._bump_locked(name, labels, by, now)
+            self._bump_locked(name, labels, by)
 
-    def _bump_locked(self, name: str, labels: LabelValues, by: float, now: float) -> None:
+    def _bump_locked(self, name: str, labels: LabelValues, by: float) -> None:
         series = self._series_for((name, labels))
         if series is None or by < 0:
             raise KeyError(f"{name}{labels} is not a catalogued counter, or {by} < 0")
         series.value += by
-        self._record(series, now, series.value)
         self._exported.add((name, labels))
 
     def _series_for(self, key: tuple[str, LabelValues]) -> Series | None:
@@ -122,14 +116,12 @@ class Store:
             spec = self.catalogue.get(key[0])
             if spec is None or len(spec.labels) != len(key[1]):
                 return None
-            series = Series(spec, key[1], history=deque(maxlen=self._history))
+            series = Series(spec, key[1])
             self._series[key] = series
         return series
 
-    def _record(self, series: Series, now: float, value: float) -> None:
-        series.history.append((now, value))
-
-    def _apply_scalar(self, series: Series, reading: Sample, now: float) -> int:
+    @staticmethod
+    def _apply_scalar(series: Series, reading: Sample) -> int:
         raw = reading.value
         resets = 0
         if series.spec.type == "counter":
@@ -147,10 +139,10 @@ class Store:
             series.last_raw = raw
         else:
             series.value = raw
-        self._record(series, now, series.value)
         return resets
 
-    def _apply_histogram(self, series: Series, reading: HistogramSample, now: float) -> int:
+    @staticmethod
+    def _apply_histogram(series: Series, reading: HistogramSample) -> int:
         bounds = tuple(b for b, _ in reading.buckets)
         raw = tuple(c for _, c in reading.buckets)
         resets = 0
@@ -172,7 +164,6 @@ class Store:
             series.hist_sum += reading.sum - series.last_raw_sum
             series.value += reading.count - (series.last_raw or 0.0)
         series.last_raw, series.last_raw_buckets, series.last_raw_sum = reading.count, raw, reading.sum
-        series.history.append((now, series.value))
         return resets
 
     # -- reading ---------------------------------------------------------------------------------
@@ -199,22 +190,8 @@ class Store:
         with self._lock:
             return {k[1]: self._series[k].value for k in self._exported if k[0] == name}
 
-    def history(self, name: str, labels: LabelValues) -> list[tuple[float, float]]:
-        """(time, value) points, oldest first; for histograms the value is the observation count."""
-        with self._lock:
-            series = self._series.get((name, labels))
-            return [] if series is None else list(series.history)
-
     def histogram(self, name: str, labels: LabelValues) -> tuple[tuple[float, ...], list[float], float, float]:
         """(bounds, cumulative counts, sum, count) of a histogram series."""
         with self._lock:
             s = self._series[(name, labels)]
             return s.bounds, list(s.buckets), s.hist_sum, s.value
-
-    def delta(self, name: str, labels: LabelValues, since: float) -> float:
-        """How much a counter grew since `since` (0 when unknown)."""
-        points = self.history(name, labels)
-        if not points:
-            return 0.0
-        base = next((v for t, v in reversed(points) if t <= since), points[0][1])
-        return points[-1][1] - base

@@ -26,7 +26,7 @@ def store() -> Store:
         histogram(H, "seconds", (), "test histogram", "test"),
         *AGENT_METRICS,
     ]
-    return Store(Catalogue(specs), history=10)
+    return Store(Catalogue(specs))
 
 
 def feed(store: Store, *values: float, modulus: int | None = None) -> list[float]:
@@ -82,11 +82,3 @@ def test_unknown_metric_and_wrong_label_count_are_rejected_and_counted(store: St
                                 Sample(G, ("G1",), 3.0)], 0.0)
     assert (result.accepted, result.rejected) == (1, 2)
     assert store.value("kvscope_store_rejected_readings_total", ("c",)) == 2.0
-
-
-def test_history_is_bounded_and_delta_reads_windows(store: Store) -> None:
-    feed(store, *[float(10 * i) for i in range(15)])
-    points = store.history(C, ("sda",))
-    assert len(points) == 10
-    assert points[-1] == (14.0, 140.0)
-    assert store.delta(C, ("sda",), since=10.0) == 40.0
