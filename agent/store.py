@@ -3,25 +3,38 @@
 Series are keyed by metric name and label values. For counters the store keeps its own monotonic
 total: a source counter that goes backwards (an engine restart, a re-created device) is a reset and
 its new value counts from zero; a counter of known width that goes backwards is a wrap. Either way
-no delta is ever negative and the exported total never decreases.
+no delta is ever negative and the exported total never decreases while the series is held.
 
 No history is kept: the exposition and the analyses read current values only (an analysis that
 needs rates keeps its own previous values).
 
-Each collector owns the series it reports: a successful collection replaces the collector's set,
-so a vanished device stops being exported, while its state is kept and a device that comes back
-continues its total. A failed collection leaves the last values in place (the totals stay true;
-`kvscope_collector_up` says they are not fresh).
+Each collector ("owner") owns the series it reports. Staleness follows what Prometheus does with a
+series that vanishes from a target:
+
+- A successful collection replaces the owner's exported set: a series it omits leaves the exposition
+  at once. Its state stays held, so a series that comes back continues its total, until
+  `stale_after` consecutive successful collections of its owner have omitted it; then it is
+  forgotten, and if it comes back it starts afresh from the source's value (the exported total may
+  go down once, which Prometheus reads as a counter reset).
+- A failed collection (`collection_failed`) keeps the owner's series exported with their last values
+  (the totals stay true; `kvscope_collector_up` says they are not fresh) until the `stale_after`-th
+  consecutive failure, which takes them out of the exposition. Their state stays held, so the totals
+  continue when the owner recovers. Failures neither add series nor advance the forgetting of
+  omitted ones.
+- Agent-internal series (`set_gauge`, `bump`) have no owner and are never dropped.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvscope.agent.catalogue import Catalogue, MetricSpec
 from kvscope.agent.readings import HistogramSample, LabelValues, Reading, Sample
+
+SeriesKey = tuple[str, LabelValues]
 
 
 @dataclass(slots=True)
@@ -46,20 +59,31 @@ class IngestResult:
     resets: int = 0
 
 
+@dataclass(slots=True)
+class _Owner:
+    reported: set[SeriesKey] = field(default_factory=set)  # its last successful collection
+    # what each of its latest successful collections omitted, oldest first (at most stale_after - 1 sets)
+    omitted: deque[set[SeriesKey]] = field(default_factory=deque)
+    failures: int = 0  # consecutive failed collections
+
+
 class Store:
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(self, catalogue: Catalogue, *, stale_after: int = 5) -> None:
+        if stale_after < 1:
+            raise ValueError(f"stale_after must be >= 1 collection, got {stale_after}")
         self.catalogue = catalogue
+        self._stale_after = stale_after
         self._lock = threading.Lock()
-        self._series: dict[tuple[str, LabelValues], Series] = {}
-        self._owned: dict[str, set[tuple[str, LabelValues]]] = {}
-        self._exported: set[tuple[str, LabelValues]] = set()
+        self._series: dict[SeriesKey, Series] = {}
+        self._owners: dict[str, _Owner] = {}
+        self._exported: set[SeriesKey] = set()
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def ingest(self, collector: str, readings: Iterable[Reading], now: float) -> IngestResult:
-        """Apply one successful collection; the collector's series not in it stop being exported."""
+    def ingest(self, owner: str, readings: Iterable[Reading], now: float) -> IngestResult:
+        """Apply one successful collection; the owner's series not in it stop being exported."""
         result = IngestResult()
-        seen: set[tuple[str, LabelValues]] = set()
+        seen: set[SeriesKey] = set()
         with self._lock:
             for reading in readings:
                 key = (reading.name, reading.labels)
@@ -79,15 +103,22 @@ class Store:
                     result.resets += self._apply_scalar(series, reading)
                 seen.add(key)
                 result.accepted += 1
-            previous = self._owned.get(collector, set())
-            self._exported -= previous - seen
-            self._exported |= seen
-            self._owned[collector] = seen
+            self._replace_owned_locked(owner, seen)
             if result.resets:
-                self._bump_locked("kvscope_source_resets_total", (collector,), result.resets)
+                self._bump_locked("kvscope_source_resets_total", (owner,), result.resets)
             if result.rejected:
-                self._bump_locked("kvscope_store_rejected_readings_total", (collector,), result.rejected)
+                self._bump_locked("kvscope_store_rejected_readings_total", (owner,), result.rejected)
         return result
+
+    def collection_failed(self, owner: str, now: float) -> None:
+        """An owner's collection raised, hung or was rejected: its last values age by one collection."""
+        with self._lock:
+            state = self._owners.get(owner)
+            if state is None:
+                return
+            state.failures += 1
+            if state.failures == self._stale_after:
+                self._exported -= state.reported
 
     def set_gauge(self, name: str, labels: LabelValues, value: float, now: float) -> None:
         """An agent-internal gauge (never owned by a collector, never dropped)."""
@@ -99,7 +130,7 @@ class Store:
             self._exported.add((name, labels))
 
     def bump(self, name: str, labels: LabelValues, by: float, now: float) -> None:
-        """An agent-internal counter: add `by` (>= 0) to its total."""
+        """An agent-internal counter (never dropped): add `by` (>= 0) to its total."""
         with self._lock:
             self._bump_locked(name, labels, by)
 
@@ -110,7 +141,26 @@ class Store:
         series.value += by
         self._exported.add((name, labels))
 
-    def _series_for(self, key: tuple[str, LabelValues]) -> Series | None:
+    def _replace_owned_locked(self, owner: str, seen: set[SeriesKey]) -> None:
+        state = self._owners.setdefault(owner, _Owner())
+        state.failures = 0
+        returned = seen - state.reported
+        if returned:
+            for omitted in state.omitted:
+                omitted -= returned
+        gone = state.reported - seen
+        self._exported -= gone
+        self._exported |= seen
+        state.reported = seen
+        state.omitted.append(gone)
+        if len(state.omitted) == self._stale_after:
+            # omitted by stale_after consecutive successful collections: forget them, unless
+            # exported all the same (an agent-internal series, or another owner reports it)
+            for key in state.omitted.popleft():
+                if key not in self._exported:
+                    self._series.pop(key, None)
+
+    def _series_for(self, key: SeriesKey) -> Series | None:
         series = self._series.get(key)
         if series is None:
             spec = self.catalogue.get(key[0])
@@ -181,6 +231,7 @@ class Store:
                     yield spec, group
 
     def value(self, name: str, labels: LabelValues) -> float | None:
+        """Current value of a held series, exported or not (None once it is forgotten)."""
         with self._lock:
             series = self._series.get((name, labels))
             return None if series is None else series.value
@@ -191,7 +242,12 @@ class Store:
             return {k[1]: self._series[k].value for k in self._exported if k[0] == name}
 
     def histogram(self, name: str, labels: LabelValues) -> tuple[tuple[float, ...], list[float], float, float]:
-        """(bounds, cumulative counts, sum, count) of a histogram series."""
+        """(bounds, cumulative counts, sum, count) of a held histogram series."""
         with self._lock:
             s = self._series[(name, labels)]
             return s.bounds, list(s.buckets), s.hist_sum, s.value
+
+    def size(self) -> tuple[int, int]:
+        """(series held in memory, series exported)."""
+        with self._lock:
+            return len(self._series), len(self._exported)
