@@ -67,6 +67,12 @@ class _Owner:
     failures: int = 0  # consecutive failed collections
 
 
+def _fits(spec: MetricSpec, reading: Reading) -> bool:
+    return len(spec.labels) == len(reading.labels) and (
+        (spec.type == "histogram") == isinstance(reading, HistogramSample)
+    )
+
+
 class Store:
     def __init__(self, catalogue: Catalogue, *, stale_after: int = 5) -> None:
         if stale_after < 1:
@@ -87,19 +93,17 @@ class Store:
         with self._lock:
             for reading in readings:
                 key = (reading.name, reading.labels)
-                series = self._series_for(key)
-                if series is None:
+                series = self._series.get(key)
+                spec = self.catalogue.get(reading.name) if series is None else series.spec
+                # checked before a series is made: a rejected reading must hold no memory
+                if spec is None or not _fits(spec, reading):
                     result.rejected += 1
                     continue
-                if series.spec.type == "histogram":
-                    if not isinstance(reading, HistogramSample):
-                        result.rejected += 1
-                        continue
+                if series is None:
+                    series = self._series[key] = Series(spec, reading.labels)
+                if isinstance(reading, HistogramSample):
                     result.resets += self._apply_histogram(series, reading)
                 else:
-                    if not isinstance(reading, Sample):
-                        result.rejected += 1
-                        continue
                     result.resets += self._apply_scalar(series, reading)
                 seen.add(key)
                 result.accepted += 1

@@ -82,3 +82,10 @@ def test_unknown_metric_and_wrong_label_count_are_rejected_and_counted(store: St
                                 Sample(G, ("G1",), 3.0)], 0.0)
     assert (result.accepted, result.rejected) == (1, 2)
     assert store.value("kvscope_store_rejected_readings_total", ("c",)) == 2.0
+
+
+def test_a_rejected_reading_holds_no_memory(store: Store) -> None:
+    wrong_type = [HistogramSample(C, (f"dev{i}",), ((math.inf, 1.0),), 1.0, 1.0) for i in range(50)]
+    wrong_type += [Sample(H, (), 1.0)]
+    assert store.ingest("c", wrong_type, 0.0).rejected == 51
+    assert store.size() == (1, 1)  # the rejected-readings counter alone
