@@ -15,6 +15,9 @@ from typing import Literal
 MetricType = Literal["counter", "gauge", "histogram"]
 
 _NAME = re.compile(r"^kvscope_[a-z0-9_]+$")
+# the agent's own process, under the names every Prometheus client library uses (collectors/process.py)
+_PROCESS_NAMES = {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+                  "process_start_time_seconds", "process_open_fds", "process_max_fds"}
 _LABEL = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNITS = {"bytes", "seconds", "tokens", "blocks", "requests", "events", "ratio", "bytes_per_second", ""}
 
@@ -29,8 +32,8 @@ class MetricSpec:
     source: str  # where the number comes from, shown in the docs
 
     def check(self) -> None:
-        if not _NAME.match(self.name):
-            raise ValueError(f"{self.name}: metric names are kvscope_[a-z0-9_]+")
+        if not _NAME.match(self.name) and self.name not in _PROCESS_NAMES:
+            raise ValueError(f"{self.name}: metric names are kvscope_[a-z0-9_]+ (or a standard process_* name)")
         if (self.type == "counter") != self.name.endswith("_total"):
             raise ValueError(f"{self.name}: counters, and only counters, end in _total")
         if self.unit not in _UNITS:
@@ -96,17 +99,26 @@ def histogram(name: str, unit: str, labels: tuple[str, ...], help: str, source: 
     return MetricSpec(name, "histogram", unit, labels, help, source)
 
 
-# The agent's own health: every collector reports success, duration and errors (node_exporter's habit).
+def _health_metrics(kind: str) -> tuple[MetricSpec, ...]:
+    """up/duration/errors/runs for every job of a kind (collector, analysis), as node_exporter reports its
+    collectors."""
+    labels = (kind,)
+    return (
+        gauge(f"kvscope_{kind}_up", "", labels,
+              f"1 when the {kind}'s last run succeeded (or found no hardware), 0 when it failed or hung.", "scheduler"),
+        gauge(f"kvscope_{kind}_duration_seconds", "seconds", labels, f"Wall time of the {kind}'s last run.",
+              "scheduler"),
+        counter(f"kvscope_{kind}_errors_total", "", labels,
+                f"{kind.capitalize()} runs that raised, timed out or returned invalid readings.", "scheduler"),
+        counter(f"kvscope_{kind}_runs_total", "", labels, f"{kind.capitalize()} runs started.", "scheduler"),
+    )
+
+
+# The agent's own health: every collector and analysis reports success, duration and errors.
 AGENT_METRICS = (
     gauge("kvscope_build_info", "", ("version",), "Always 1; the kvscope version as a label.", "agent"),
-    gauge("kvscope_collector_up", "", ("collector",),
-          "1 when the collector's last run succeeded (or found no hardware), 0 when it failed or hung.",
-          "scheduler"),
-    gauge("kvscope_collector_duration_seconds", "seconds", ("collector",),
-          "Wall time of the collector's last run.", "scheduler"),
-    counter("kvscope_collector_errors_total", "", ("collector",),
-            "Collector runs that raised, timed out or returned invalid readings.", "scheduler"),
-    counter("kvscope_collector_runs_total", "", ("collector",), "Collector runs started.", "scheduler"),
+    *_health_metrics("collector"),
+    *_health_metrics("analysis"),
     counter("kvscope_source_resets_total", "", ("collector",),
             "Source counters that went backwards (restart, wrap) and were taken as resets.", "store"),
     counter("kvscope_store_rejected_readings_total", "", ("collector",),

@@ -1,8 +1,15 @@
-"""The `kvscope` command."""
+"""The `kvscope` command.
+
+`run` (the sidecar), `config check|defaults`, `catalogue` and `version` are the agent's own. The
+reference pipeline's commands (`kv-size`, `reference`, `selftest`, `demo`) and `analyze` are listed in
+`--help` but their modules are imported only when one of them is the command given: the sidecar's path
+never imports them, and a missing extra is one line naming it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -10,17 +17,42 @@ import threading
 from collections.abc import Sequence
 
 from kvscope import __version__
-from kvscope.agent.config import ConfigError, load_config_file
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent import extras, flags, logs, preflight
+from kvscope.agent.config import Config, ConfigError, load_config_file
+from kvscope.agent.wiring import build_agent, build_catalogue, components
 
 log = logging.getLogger("kvscope")
 
+# command -> (module whose add_commands(sub) defines it, extra it needs or "", help)
+EXTENSIONS = {
+    "kv-size": ("kvscope.agent.reference.cli", "", "KV bytes per token, total size, and what fits in each tier"),
+    "reference": ("kvscope.agent.reference.cli", "reference", "the reference tier pipeline (serve)"),
+    "selftest": ("kvscope.agent.selftest.cli", "reference",
+                 "run the reference engine with the agent attached; compare with truth"),
+    "demo": ("kvscope.agent.selftest.cli", "reference",
+             "shared prompts through G1-G4 with the agent attached: progress, both /metrics endpoints, a report"),
+    "analyze": ("kvscope.agent.analyze.cli", "", "offline report from an AIPerf output directory"),
+}
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config_file(args.config, components(), flags=flags.flag_overrides(args))
+
+
+def _preflight(config: Config) -> bool:
+    found = preflight.check(config, components())
+    for line in found.warnings:
+        log.warning("%s", line)
+    for line in found.problems:
+        print(f"kvscope: {line}", file=sys.stderr)
+    return not found.problems
+
 
 def _run(args: argparse.Namespace) -> int:
-    from kvscope.agent.runtime import build_agent
-
-    config = load_config_file(args.config, collector_specs())
-    logging.getLogger().setLevel(config.agent.log_level.upper())
+    config = _load(args)
+    logs.configure(config.agent.log_level, config.agent.log_format)
+    if not _preflight(config):
+        return 2
     try:
         agent = build_agent(config)
     except OSError as exc:
@@ -40,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     if agent.server is not None:
         host = config.exporters.prometheus.listen.rpartition(":")[0]
         where = f" on {host}:{agent.server.port}/metrics"
-    log.info("kvscope %s running%s; collectors: %s", __version__, where, ", ".join(enabled) or "none")
+    log.info("kvscope %s running%s; collectors and analyses: %s", __version__, where, ", ".join(enabled) or "none")
     stop.wait()
     agent.stop()
     log.info("stopped")
@@ -48,22 +80,27 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    config = load_config_file(args.file, collector_specs())
-    enabled = [name for name, (settings, _) in config.collectors.items() if settings.enabled]
-    print(f"{args.file}: ok; collectors enabled: {', '.join(enabled) or 'none'}")
+    if args.file is not None:
+        if args.config is not None:
+            raise ConfigError("config check: give the file once (positional or --config)")
+        args.config = args.file
+    config = _load(args)
+    if not _preflight(config):
+        return 2
+    enabled = [name for name, (settings, _) in [*config.collectors.items(), *config.analyses.items()]
+               if settings.enabled]
+    print(f"{args.config or '(embedded defaults)'}: ok; enabled: {', '.join(enabled) or 'none'}")
     return 0
 
 
 def _config_defaults(_args: argparse.Namespace) -> int:
     from kvscope.agent.config import defaults_toml
 
-    sys.stdout.write(defaults_toml(collector_specs()))
+    sys.stdout.write(defaults_toml(components()))
     return 0
 
 
 def _catalogue(args: argparse.Namespace) -> int:
-    from kvscope.agent.runtime import build_catalogue
-
     catalogue = build_catalogue()
     if args.markdown:
         sys.stdout.write(catalogue.markdown())
@@ -73,16 +110,27 @@ def _catalogue(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; an extension command's own arguments are added only when `argv` names it."""
+    parts = components()
     parser = argparse.ArgumentParser(prog="kvscope", description="Observability for KV-cache tiers.")
+    parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the agent (sidecar mode)")
-    run.add_argument("--config", help="TOML config file (default: embedded defaults)")
+    run = sub.add_parser("run", help="run the agent (sidecar mode)",
+                         epilog="Precedence: a flag, then KVSCOPE_* environment variables, then the file, "
+                                "then the defaults.")
+    flags.add_flags(run, parts)
     run.set_defaults(func=_run)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    check = config_sub.add_parser("check", help="validate a config file and exit")
-    check.add_argument("file")
+    check = config_sub.add_parser("check", help="check a configuration (file, environment, flags) and what "
+                                                "running it needs; exit 2 on a problem")
+    check.add_argument("file", nargs="?", help="TOML config file (or --config FILE)")
+    flags.add_flags(check, parts)
     check.set_defaults(func=_config_check)
     defaults = config_sub.add_parser("defaults", help="print every key with its embedded default, as TOML")
     defaults.set_defaults(func=_config_defaults)
@@ -91,24 +139,29 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue = sub.add_parser("catalogue", help="list every metric kvscope can export")
     catalogue.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
     catalogue.set_defaults(func=_catalogue)
-    from kvscope.agent.reference.cli import add_commands
-    from kvscope.agent.selftest.cli import add_commands as add_selftest_commands
-
-    add_commands(sub)
-    add_selftest_commands(sub)
-    from kvscope.agent.analyze.cli import add_analyze_command
-
-    add_analyze_command(sub)
+    command = _command_of(argv)
+    if command in EXTENSIONS:
+        module, extra, _ = EXTENSIONS[command]
+        if extra:
+            extras.require(extra, f"kvscope {command}")
+        importlib.import_module(module).add_commands(sub)
+    else:
+        for name, (_, _, help_text) in EXTENSIONS.items():
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    logs.configure()
     try:
+        args = build_parser(argv).parse_args(argv)
         return int(args.func(args))
     except ConfigError as exc:
         print(f"kvscope: config error: {exc}", file=sys.stderr)
+        return 2
+    except extras.MissingExtra as exc:
+        print(f"kvscope: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,11 +1,12 @@
-"""The scheduler: every enabled collector on its own interval, with a timeout, in isolation.
+"""The scheduler: every enabled collector and analysis on its own interval, with a timeout, in isolation.
 
-Each collector has a runner thread (timing, health, backoff) and a worker thread (the collect()
-call itself). A collector that raises, hangs past its timeout or returns garbage affects only
-itself: it reports `kvscope_collector_up=0`, counts `kvscope_collector_errors_total`, and is
-retried with exponential backoff. A hung call is never abandoned into a second concurrent call:
-the collector is retried only once the stuck call has returned. Threads are daemons, so a collector
-stuck in a system call cannot keep the agent from shutting down.
+Each job (a collector's `collect()` or an analysis' `run()`) has a runner thread (timing, health,
+backoff) and a worker thread (the call itself). A job that raises, hangs past its timeout or returns
+garbage affects only itself: it reports `kvscope_collector_up=0` (`kvscope_analysis_up` for an
+analysis), counts `kvscope_collector_errors_total`, and is retried with exponential backoff. A hung
+call is never abandoned into a second concurrent call: the job is retried only once the stuck call has
+returned. Threads are daemons, so a collector stuck in a system call cannot keep the agent from
+shutting down.
 """
 
 from __future__ import annotations
@@ -13,23 +14,38 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
+from kvscope.agent.pipeline import Analysis, Collector
 from kvscope.agent.readings import Reading
 from kvscope.agent.store import Store
-from kvscope.collectors.base import Collector
 
 log = logging.getLogger("kvscope.scheduler")
+
+JobKind = Literal["collector", "analysis"]
 
 
 @dataclass
 class Job:
     name: str
-    collector: Collector
+    run: Callable[[], Iterable[Reading]]
     interval: float
     timeout: float
+    kind: JobKind = "collector"  # which health series it reports under
+    start: Callable[[], None] | None = None  # called (and retried) before the first run
+    close: Callable[[], None] | None = None  # called once at stop
+
+
+def collector_job(name: str, collector: Collector, interval: float, timeout: float) -> Job:
+    # start() and close() are optional parts of the collector interface (push sources have them)
+    return Job(name, collector.collect, interval, timeout, "collector",
+               getattr(collector, "start", None), getattr(collector, "close", None))
+
+
+def analysis_job(name: str, analysis: Analysis, interval: float, timeout: float) -> Job:
+    return Job(name, analysis.run, interval, timeout, "analysis", None, getattr(analysis, "close", None))
 
 
 class _Worker:
@@ -80,7 +96,7 @@ class Scheduler:
 
     def start(self) -> None:
         for job in self.jobs:
-            self._health(job.name, up=True, duration=0.0, error=False, run=False)
+            self._health(job, up=True, duration=0.0, error=False, run=False)
             thread = threading.Thread(target=self._run, args=(job,), name=f"run-{job.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -91,24 +107,23 @@ class Scheduler:
         for thread in self._threads:
             thread.join(max(0.0, deadline - self._clock()))
         for job in self.jobs:
-            close = getattr(job.collector, "close", None)
-            if close is not None:
+            if job.close is not None:
                 try:
-                    close()
+                    job.close()
                 except Exception:
-                    log.exception("collector %s failed to close", job.name)
+                    log.exception("%s %s failed to close", job.kind, job.name)
 
-    def _health(self, name: str, up: bool, duration: float, error: bool, run: bool = True) -> None:
+    def _health(self, job: Job, up: bool, duration: float, error: bool, run: bool = True) -> None:
         now = self._wall()
-        labels = (name,)
-        self.store.set_gauge("kvscope_collector_up", labels, 1.0 if up else 0.0, now)
-        self.store.set_gauge("kvscope_collector_duration_seconds", labels, duration, now)
-        self.store.bump("kvscope_collector_errors_total", labels, 1.0 if error else 0.0, now)
-        self.store.bump("kvscope_collector_runs_total", labels, 1.0 if run else 0.0, now)
+        labels, prefix = (job.name,), f"kvscope_{job.kind}"
+        self.store.set_gauge(f"{prefix}_up", labels, 1.0 if up else 0.0, now)
+        self.store.set_gauge(f"{prefix}_duration_seconds", labels, duration, now)
+        self.store.bump(f"{prefix}_errors_total", labels, 1.0 if error else 0.0, now)
+        self.store.bump(f"{prefix}_runs_total", labels, 1.0 if run else 0.0, now)
 
     def _run(self, job: Job) -> None:
-        worker = _Worker(job.name, lambda: list(job.collector.collect()))
-        start: Any = getattr(job.collector, "start", None)
+        worker = _Worker(job.name, lambda: list(job.run()))
+        start = job.start
         failures = 0
         next_due = self._clock()
         last_error = ""
@@ -126,7 +141,8 @@ class Scheduler:
                 if not worker.done.wait(job.timeout):
                     error = f"no answer within its {job.timeout:g} s timeout"
                 elif worker.error is not None:
-                    error = f"raised {worker.error!r}"
+                    # str() of an OSError names the file (a missing /host/proc/diskstats); repr() does not
+                    error = f"raised {type(worker.error).__name__}: {worker.error}"
                 else:
                     result = self.store.ingest(job.name, worker.result or [], self._wall())
                     if result.rejected:
@@ -134,10 +150,11 @@ class Scheduler:
             duration = self._clock() - began
             if error:
                 failures += 1
+                self.store.collection_failed(job.name, self._wall())
                 if error != last_error:
-                    log.warning("collector %s: %s (retrying with backoff)", job.name, error)
+                    log.warning("%s %s: %s (retrying with backoff)", job.kind, job.name, error)
                 last_error = error
-                self._health(job.name, up=False, duration=duration, error=True)
+                self._health(job, up=False, duration=duration, error=True)
                 delay = min(job.interval * 2.0 ** min(failures, 16), self.max_backoff)
                 next_due = self._clock() + delay
                 # a hung call is waited out: never two calls into one collector at once
@@ -145,9 +162,9 @@ class Scheduler:
                     pass
             else:
                 if last_error:
-                    log.info("collector %s: recovered", job.name)
+                    log.info("%s %s: recovered", job.kind, job.name)
                 failures, last_error = 0, ""
-                self._health(job.name, up=True, duration=duration, error=False)
+                self._health(job, up=True, duration=duration, error=False)
                 next_due += job.interval
                 if next_due < self._clock():  # fell behind: skip missed ticks instead of bursting
                     next_due = self._clock() + job.interval

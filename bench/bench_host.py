@@ -6,7 +6,7 @@ loopback port; utime+stime of its process from /proc/<pid>/stat around 1000 keep
 plain and with `Accept-Encoding: gzip` (shared/facts/perf-baselines.md §1 and appendix).
 
 kvscope, two ways:
-1. in process: `collect()` of disk, network, rdma, agent_self -> `Store.ingest` -> `TextRenderer.render`,
+1. in process: `collect()` of disk, network, rdma, process -> `Store.ingest` -> `TextRenderer.render`,
    `time.process_time` around N cycles;
 2. over HTTP, measured exactly like node_exporter: a child process (this file with `--serve`) runs one
    full collection cycle per GET and then serves the exposition through `exporters.http.MetricsServer`;
@@ -31,14 +31,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.pipeline import Collector, CollectorContext
 from kvscope.agent.readings import Reading
 from kvscope.agent.store import Store
-from kvscope.collectors import agent_self, disk, network, rdma
-from kvscope.collectors.base import Collector, CollectorContext
+from kvscope.collectors import disk, network, process, rdma
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.prometheus import TextRenderer
 
-MODULES = (disk, network, rdma, agent_self)
+MODULES = (disk, network, rdma, process)
 ROUNDS = 3
 SCRAPES = 1000
 WARMUP = 50

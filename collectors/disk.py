@@ -3,8 +3,8 @@ which lines count.
 
 Why the file is parsed here and not by psutil: `psutil.disk_io_counters` reads from
 `psutil.PROCFS_PATH`, a module global. Pointing it at the injected proc root (a host /proc mounted
-into a sidecar, a test fixture) would change it for every psutil user in the process (agent_self
-reads /proc/self through psutil) and race with them across collector threads. Its `nowrap` cache is
+into a sidecar, a test fixture) would change it for every psutil user in the process (a library
+reading /proc/self through psutil) and race with them across collector threads. Its `nowrap` cache is
 process-global too, and it turns a device reset into a jump. The format is a fixed list of integer
 columns (shared/facts/hardware.md §1.1) that psutil itself parses with a dozen lines; this module
 takes the same fields with the same 512-byte sector, from the injected root, in one read.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
 from kvscope.agent.catalogue import counter
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.disk")
@@ -265,4 +265,5 @@ SPEC = CollectorSpec(
     options=DiskOptions,
     factory=build,
     metrics=METRICS,
+    roots=("proc", "sys"),
 )

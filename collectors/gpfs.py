@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.fs_common import (
     FS_METRICS,
     FsTotals,
@@ -172,4 +172,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     enabled_by_default=False,
+    roots=("proc",),
 )

@@ -24,8 +24,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.gpu_samples import (
     METRICS,
     US_PER_S,

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.fs_common import (
     FS_METRICS,
     FsTotals,
@@ -213,4 +213,5 @@ SPEC = CollectorSpec(
     options=LustreOptions,
     factory=build,
     metrics=METRICS,
+    roots=("proc", "sys"),
 )

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvscope.agent.catalogue import MetricSpec, counter
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.network")
@@ -136,4 +136,5 @@ SPEC = CollectorSpec(
     options=NetworkOptions,
     factory=build,
     metrics=METRICS,
+    roots=("proc",),
 )

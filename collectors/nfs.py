@@ -24,8 +24,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.fs_common import (
     FS_METRICS,
     FS_SERVER_READ,
@@ -186,4 +186,5 @@ SPEC = CollectorSpec(
     options=NfsOptions,
     factory=build,
     metrics=METRICS,
+    roots=("proc",),
 )

@@ -32,10 +32,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from kvscope.agent.catalogue import counter
 from kvscope.agent.config import parse_listen
-from kvscope.agent.correlation.records import RecordBuffer, RequestRecord, shared_buffer
 from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.base import CollectorContext, CollectorSpec
+from kvscope.agent.records import RecordBuffer, RequestRecord
 
 log = logging.getLogger("kvscope.collectors.otlp_traces")
 
@@ -279,7 +279,7 @@ class OtlpTracesReceiver:
 
 
 def build(options: OtlpTracesOptions, context: CollectorContext) -> OtlpTracesReceiver:
-    return OtlpTracesReceiver(options, shared_buffer(context.extras))
+    return OtlpTracesReceiver(options, context.request_records)
 
 
 SPEC = CollectorSpec(

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvscope.agent.catalogue import counter, gauge
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.rdma")
@@ -158,4 +158,5 @@ SPEC = CollectorSpec(
     options=RdmaOptions,
     factory=build,
     metrics=METRICS,
+    roots=("sys",),
 )

@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
+from kvscope.agent.pipeline import CollectorSpec
 from kvscope.collectors import (
-    agent_self,
     disk,
     gpfs,
     lustre,
     network,
     nfs,
     otlp_traces,
+    process,
     rdma,
     vllm_kv_events,
     vllm_metrics,
 )
-from kvscope.collectors.base import CollectorSpec
 from kvscope.collectors.gpu_nvml import SPEC as NVML_SPEC
 
 # Each collector module declares its own SPEC; this table lists them in data-flow order (host sources,
-# GPU, engines, per-request sources, then the correlation engine that reads them all), one a line.
+# GPU, engines, per-request sources), one a line. Analyses are not collectors: agent/wiring.py lists them.
 _SPECS: list[CollectorSpec] = [
     disk.SPEC,
     network.SPEC,
@@ -27,12 +26,11 @@ _SPECS: list[CollectorSpec] = [
     nfs.SPEC,
     lustre.SPEC,
     gpfs.SPEC,
-    agent_self.SPEC,
+    process.SPEC,
     NVML_SPEC,
     vllm_metrics.SPEC,
     vllm_kv_events.SPEC,
     otlp_traces.SPEC,
-    CORRELATION_SPEC,
 ]
 
 

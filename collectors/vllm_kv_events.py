@@ -31,9 +31,9 @@ import zmq
 
 from kvscope.agent.catalogue import counter, gauge, histogram
 from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.kv_event_schema import END_SEQ, EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
 from kvscope.collectors.kv_residency import Residency
 
@@ -379,7 +379,7 @@ class VllmKvEventsCollector:
 
 
 def _factory(options: VllmKvEventsOptions, context: CollectorContext) -> VllmKvEventsCollector:
-    return VllmKvEventsCollector(options, context.extras.get("zmq_context"), context.clock)
+    return VllmKvEventsCollector(options, None, context.clock)
 
 
 SPEC = CollectorSpec(

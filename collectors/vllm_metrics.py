@@ -65,9 +65,9 @@ from dataclasses import dataclass, field
 from kvscope import __version__
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.contract import ENGINE_LABELS
+from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.tiers import Tier, parse_tier
-from kvscope.collectors.base import CollectorContext, CollectorSpec
 from kvscope.collectors.exposition_scan import ExpositionScanner
 from kvscope.collectors.vllm_map import (
     DEFAULT_SOURCE_TIERS,
@@ -273,8 +273,7 @@ class VllmMetricsCollector:
 
 
 def _factory(options: VllmOptions, context: CollectorContext) -> VllmMetricsCollector:
-    fetch = context.extras.get("vllm_fetch")  # tests may inject a fetcher; production uses http_fetch
-    return VllmMetricsCollector(options, fetch)
+    return VllmMetricsCollector(options)
 
 
 SPEC = CollectorSpec(

@@ -12,14 +12,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvscope.agent.runtime import build_catalogue  # noqa: E402
-from kvscope.collectors.registry import collector_specs  # noqa: E402
+from kvscope.agent.wiring import build_catalogue, components  # noqa: E402
 
 
 def collectors_table() -> str:
-    rows = ["| collector | on by default | what it reads |", "|---|---|---|"]
-    for name, spec in collector_specs().items():
-        rows.append(f"| `{name}` | {'yes' if spec.enabled_by_default else 'no'} | {spec.description} |")
+    parts = components()
+    rows = ["| name | flag | on by default | what it reads or computes |", "|---|---|---|---|"]
+    for kind, specs in (("collector", parts.collectors), ("analysis", parts.analyses)):
+        for name, spec in specs.items():
+            default = "yes" if spec.enabled_by_default else "no"
+            rows.append(f"| `{name}` | `--{kind}.{name}` | {default} | {spec.description} |")
     return "\n".join(rows) + "\n"
 
 

@@ -23,8 +23,7 @@ from gpu_check import run_load  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from kvscope.agent.config import load_config  # noqa: E402
-from kvscope.agent.runtime import build_agent  # noqa: E402
-from kvscope.collectors.registry import collector_specs  # noqa: E402
+from kvscope.agent.wiring import build_agent, components  # noqa: E402
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -49,7 +48,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
-    config = load_config("[exporters.prometheus]\nlisten = '127.0.0.1:0'\n", collector_specs(), environ={})
+    config = load_config("[exporters.prometheus]\nlisten = '127.0.0.1:0'\n", components(), environ={})
     agent = build_agent(config)
     agent.start()
     assert agent.server is not None

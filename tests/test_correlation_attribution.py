@@ -13,7 +13,7 @@ from kvscope.agent.correlation.attribution import (
 )
 from kvscope.agent.correlation.costmodel import PrefillCostModel
 from kvscope.agent.correlation.counterfactuals import recompute_avoided, ttft_without_cache, typical_reused_tokens
-from kvscope.agent.correlation.records import RequestRecord, TierFetch
+from kvscope.agent.records import RequestRecord, TierFetch
 
 
 def total(attribution: object) -> float:

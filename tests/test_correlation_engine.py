@@ -1,4 +1,4 @@
-"""The correlation engine as a collector: synthetic store windows and records in, catalogued readings out."""
+"""The correlation analysis: synthetic store windows and records in, catalogued readings and attributed requests out."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 from kvscope.agent import contract
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.correlation import metrics as m
-from kvscope.agent.correlation.engine import SPEC, CorrelationEngine, CorrelationOptions, build
-from kvscope.agent.correlation.output import JsonlWriter
-from kvscope.agent.correlation.records import RECORDS_KEY, RecordBuffer, RequestRecord, TierFetch
+from kvscope.agent.correlation.engine import SPEC, CorrelationEngine, build
+from kvscope.agent.correlation.options import CorrelationOptions
+from kvscope.agent.pipeline import AnalysisInputs
 from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.records import RecordBuffer, RequestRecord, TierFetch
 from kvscope.agent.store import Store
-from kvscope.collectors.base import CollectorContext
+from kvscope.exporters.jsonl import JsonlSink
 
 E = ("vllm", "llama", "0")
 
@@ -58,19 +59,19 @@ def value(readings: list[Reading], name: str, labels: tuple[str, ...]) -> float:
 
 def test_no_inputs_no_readings() -> None:
     engine = CorrelationEngine(CorrelationOptions(), make_store(), RecordBuffer(), None, Clock())
-    assert engine.collect() == []
-    assert CorrelationEngine(CorrelationOptions(), None, None, None, Clock()).collect() == []
+    assert engine.run() == []
+    assert CorrelationEngine(CorrelationOptions(), None, None, None, Clock()).run() == []
 
 
 def test_aggregate_windows_add_up_to_the_ttft_sum() -> None:
     store, clock = make_store(), Clock()
     engine = CorrelationEngine(CorrelationOptions(fetch_inside="queue"), store, RecordBuffer(), None, clock)
     store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10, hits=10_000), clock.t)
-    first = engine.collect()
+    first = engine.run()
     clock.t += 1
     # second window: +6 s TTFT, +1 s queue, +6 s prefill: measured parts exceed TTFT by 1 s
     store.ingest("vllm", engine_readings(16.0, 4.0, 11.0, 1.5, 3e9, 15, hits=15_000), clock.t)
-    second = engine.collect()
+    second = engine.run()
     attributed = {lab[3:]: r.value for (name, lab), r in by_key(second).items()
                   if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
     assert attributed == {("queue", "derived"): pytest.approx(3.0 - 1.0 + 1.0 - 0.5),
@@ -93,7 +94,7 @@ def test_sync_engine_takes_fetch_out_of_prefill() -> None:
     options = CorrelationOptions(fetch_inside="queue", fetch_inside_by_engine={"vllm": "prefill"})
     engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
     store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10), clock.t)
-    out = engine.collect()
+    out = engine.run()
     assert value(out, m.TTFT_ATTRIBUTED, (*E, "prefill", "derived")) == pytest.approx(4.0)
     assert value(out, m.TTFT_ATTRIBUTED, (*E, "queue", "measured")) == pytest.approx(3.0)
 
@@ -110,14 +111,14 @@ def test_records_fit_the_model_and_feed_counterfactuals(tmp_path: Path) -> None:
     buffer, clock = RecordBuffer(), Clock()
     out_path = tmp_path / "requests.jsonl"
     engine = CorrelationEngine(CorrelationOptions(fetch_inside="prefill", fit_min_samples=4, bytes_per_token=36_864),
-                               None, buffer, None, clock, JsonlWriter(str(out_path)))
+                               None, buffer, None, clock, [JsonlSink(str(out_path))])
     cold = [record(i, prompt_tokens=n, cached_tokens=0, queue=0.01, prefill=a * n + b * n * n,
                    ttft=0.02 + a * n + b * n * n) for i, n in enumerate((2000, 5000, 10_000, 20_000, 40_000))]
     warm_prefill = 0.2 + a * 1000 + b * 1000 * (2 * 9000 + 1000)  # 0.2 s of G4 fetch inside the step
     warm = record(9, prompt_tokens=10_000, cached_tokens=9000, queue=0.01, prefill=warm_prefill, ttft=0.35,
                   fetches=(TierFetch("G4", 9000, 9000 * 36_864.0, 0.2),))
     buffer.put([*cold, warm])
-    out = engine.collect()
+    out = engine.run()
     assert value(out, m.COST_A, E) == pytest.approx(a, rel=1e-6)
     assert value(out, m.COST_B, E) == pytest.approx(b, rel=1e-6)
     assert value(out, m.FIT_SAMPLES, E) == 6  # the warm request too: its fetch was measured
@@ -149,14 +150,14 @@ def test_fetch_stall_counted_once_records_have_settled() -> None:
     clock, buffer = Clock(100.0), RecordBuffer()
     gpus = FakeGpus([(t / 2, t / 2 + 0.5, 0.0) for t in range(200, 260)])  # idle from 100 s to 130 s
     engine = CorrelationEngine(CorrelationOptions(stall_settle_seconds=10.0), None, buffer, gpus, clock)
-    engine.collect()  # counts from now − settle on
+    engine.run()  # counts from now − settle on
     buffer.put([RequestRecord("a", "vllm", "m", "0", arrival=100.0, ttft=10.0,
                               fetch_intervals=((101.0, 106.0),), compute_intervals=((104.0, 110.0),))])
     clock.t = 112.0  # settled up to 102: 1 s of fetch-only time (101..102)
-    first = value(engine.collect(), m.FETCH_STALL, ("0",))
+    first = value(engine.run(), m.FETCH_STALL, ("0",))
     assert first == pytest.approx(1.0)
     clock.t = 130.0  # the rest: 102..104 fetch only; 104..106 computing too
-    assert value(engine.collect(), m.FETCH_STALL, ("0",)) == pytest.approx(3.0)
+    assert value(engine.run(), m.FETCH_STALL, ("0",)) == pytest.approx(3.0)
 
 
 def test_noisy_neighbour_from_store_paths() -> None:
@@ -176,7 +177,7 @@ def test_noisy_neighbour_from_store_paths() -> None:
         store.ingest("fs", [Sample("kvscope_fs_read_bytes_total", ("/gpfs", "gpfs"), fs)], clock.t)
         store.ingest("vllm", [Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G2"), kv),
                               Sample(contract.KV_TRANSFER_SECONDS, (*E, "G4", "G2"), secs)], clock.t)
-        out = engine.collect()
+        out = engine.run()
         clock.t += 1.0
         return out
 
@@ -191,25 +192,32 @@ def test_noisy_neighbour_from_store_paths() -> None:
     assert value(window(40e9, 35e9, 10e9), m.NOISY_NEIGHBOUR, ("G4",)) == 0.0
 
 
-def test_factory_shares_the_record_buffer_and_finds_the_store() -> None:
-    store = make_store()
-    context = CollectorContext(extras={"store": store})
-    engine = build(CorrelationOptions(), context)
-    assert isinstance(context.extras[RECORDS_KEY], RecordBuffer)
-    context.extras[RECORDS_KEY].put([record(1, prompt_tokens=100, cached_tokens=0, prefill=0.1, queue=0.0)])
-    assert any(r.name == m.REQUESTS_ATTRIBUTED for r in engine.collect())
-    context.extras["gpu_intervals"] = FakeGpus([])  # added after the engine was built: found on the next window
-    engine.collect()
-    assert engine._gpus is context.extras["gpu_intervals"] and engine._store is store
+class ListSink:
+    def __init__(self) -> None:
+        self.results: list[object] = []
+
+    def write(self, results: object) -> None:
+        self.results.extend(results)  # type: ignore[call-overload]
+
+
+def test_factory_uses_the_inputs_it_is_given() -> None:
+    store, records, sink = make_store(), RecordBuffer(), ListSink()
+    store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10), 0.0)
+    engine = build(CorrelationOptions(), AnalysisInputs(store, records, None, [sink], Clock()))
+    records.put([record(1, prompt_tokens=100, cached_tokens=0, prefill=0.1, queue=0.0)])
+    out = by_key(engine.run())
+    assert (m.REQUESTS_ATTRIBUTED, (*E, "reference")) in out  # the records it was handed
+    assert (m.TTFT_ATTRIBUTED, (*E, "queue", "derived")) in out  # the store it was handed
+    assert len(records) == 0 and len(sink.results) == 1  # drained, and the result went to the sink
     assert SPEC.name == "correlation" and SPEC.enabled_by_default
 
 
 def test_options_validation() -> None:
-    from kvscope.agent.config import ConfigError, bind
+    from kvscope.agent.binding import ConfigError, bind
     with pytest.raises(ConfigError, match="fetch_inside_by_engine"):
-        bind(CorrelationOptions, {"fetch_inside_by_engine": {"vllm": "decode"}}, "collectors.correlation")
+        bind(CorrelationOptions, {"fetch_inside_by_engine": {"vllm": "decode"}}, "analyses.correlation")
     with pytest.raises(ConfigError, match="selector"):
-        bind(CorrelationOptions, {"paths": {"G4": ["not a selector!"]}}, "collectors.correlation")
+        bind(CorrelationOptions, {"paths": {"G4": ["not a selector!"]}}, "analyses.correlation")
     ok = bind(CorrelationOptions, {"paths": {"G4": ['kvscope_rdma_receive_bytes_total{device="mlx5_0",port="1"}']}},
-              "collectors.correlation")
+              "analyses.correlation")
     assert ok.paths["G4"][0].startswith("kvscope_rdma")

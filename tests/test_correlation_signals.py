@@ -6,7 +6,6 @@ import pytest
 
 from kvscope.agent.correlation.attribution import attribute_request
 from kvscope.agent.correlation.costmodel import PrefillCostModel
-from kvscope.agent.correlation.records import RequestRecord
 from kvscope.agent.correlation.signals import (
     PathWindow,
     Thresholds,
@@ -17,6 +16,7 @@ from kvscope.agent.correlation.signals import (
     subtract,
     union,
 )
+from kvscope.agent.records import RequestRecord
 
 
 def test_union_and_subtract() -> None:

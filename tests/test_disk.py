@@ -10,6 +10,7 @@ import pytest
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.pipeline import Components
 from kvscope.agent.readings import Sample
 from kvscope.agent.store import Store
 from kvscope.collectors import disk
@@ -167,7 +168,7 @@ def test_include_and_exclude_patterns_glob_and_regex() -> None:
 
 def test_bad_pattern_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"collectors\.disk: exclude: 're:\(' is not a regular expression"):
-        load_config("[collectors.disk]\nexclude = ['re:(']\n", {"disk": disk.SPEC}, environ={})
+        load_config("[collectors.disk]\nexclude = ['re:(']\n", Components({"disk": disk.SPEC}, {}), environ={})
 
 
 # -- cycles through the store --------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Golden end-to-end test of the host collectors: fixture kernel tree -> agent -> HTTP /metrics.
 
-The agent is built by `agent.runtime.build_agent` with only the disk, network, rdma and agent_self
+The agent is built by `agent.wiring.build_agent` with only the disk, network, rdma and process
 collectors, `agent.proc_root`/`agent.sys_root` pointing at tests/fixtures/host/gpu-node, and the
 exporter on an ephemeral port. One collection cycle runs (the interval is an hour, so exactly one),
 then `/metrics` is fetched over real HTTP and compared, whole, with tests/fixtures/host/golden.prom.
 Only what legitimately varies between runs is masked: the values of the agent's own
-`kvscope_agent_*` gauges/counters, the collectors' durations, and the version in build_info.
+`process_*` gauges/counters, the collectors' durations, and the version in build_info.
 
 When a change to the output is intended, regenerate the file and review its diff:
 
@@ -21,36 +21,34 @@ import time
 from pathlib import Path
 
 from kvscope.agent.config import load_config
-from kvscope.agent.runtime import build_agent
-from kvscope.collectors.base import CollectorSpec
+from kvscope.agent.pipeline import Components
+from kvscope.agent.wiring import build_agent
 from kvscope.collectors.registry import collector_specs
-from kvscope.exporters.http import MetricsServer
 from tests.conftest import require_tool
 
 HOST = Path(__file__).parent / "fixtures" / "host"
 GOLDEN = HOST / "golden.prom"
 ROOT = HOST / "gpu-node"
-HOST_COLLECTORS = ("disk", "network", "rdma", "agent_self")
+HOST_COLLECTORS = ("disk", "network", "rdma", "process")
 MASKED = "<masked>"
-_VARYING = re.compile(r"^(kvscope_agent_\w+|kvscope_collector_duration_seconds)((?:\{[^}]*\})?) \S+$", re.M)
+_VARYING = re.compile(r"^(process_\w+|kvscope_collector_duration_seconds)((?:\{[^}]*\})?) \S+$", re.M)
 _VERSION = re.compile(r'(kvscope_build_info\{version=")[^"]*(")')
 
 
-def host_specs() -> dict[str, CollectorSpec]:
+def host_components() -> Components:
     specs = collector_specs()
-    return {name: specs[name] for name in HOST_COLLECTORS}
+    return Components({name: specs[name] for name in HOST_COLLECTORS}, {})
 
 
 def scrape_fixture_agent(root: Path = ROOT, timeout: float = 20.0) -> str:
     """Run one cycle of the host collectors over `root` and return the /metrics body."""
     toml = (
         f"[agent]\nproc_root = '{root / 'proc'}'\nsys_root = '{root / 'sys'}'\ninterval = 3600.0\n"
-        "[exporters.prometheus]\nenabled = false\n"
+        "[exporters.prometheus]\nlisten = '127.0.0.1:0'\n"
     )
-    specs = host_specs()
-    agent = build_agent(load_config(toml, specs, environ={}), specs)
-    # config refuses port 0 (an operator setting), so the exporter is attached here on an ephemeral port
-    agent.server = MetricsServer(agent.store, "127.0.0.1", 0)
+    parts = host_components()
+    agent = build_agent(load_config(toml, parts, environ={}), parts)
+    assert agent.server is not None
     agent.start()
     try:
         deadline = time.monotonic() + timeout
@@ -82,9 +80,9 @@ def test_masking_hides_only_varying_values() -> None:
     masked = mask(scrape_fixture_agent())
     masked_lines = [ln for ln in masked.splitlines() if MASKED in ln]
     assert sorted(ln.split("{")[0].split(" ")[0] for ln in masked_lines) == [
-        "kvscope_agent_cpu_seconds_total", "kvscope_agent_open_fds", "kvscope_agent_resident_memory_bytes",
-        "kvscope_build_info",
-        *["kvscope_collector_duration_seconds"] * len(HOST_COLLECTORS),
+        "kvscope_build_info", *["kvscope_collector_duration_seconds"] * len(HOST_COLLECTORS),
+        "process_cpu_seconds_total", "process_max_fds", "process_open_fds", "process_resident_memory_bytes",
+        "process_start_time_seconds", "process_virtual_memory_bytes",
     ]
 
 

@@ -13,6 +13,7 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.store import Store
+from kvscope.agent.wiring import components
 from kvscope.collectors.fs_common import ToolError
 from kvscope.collectors.gpfs import (
     DEFAULT_MMPMON,
@@ -23,7 +24,6 @@ from kvscope.collectors.gpfs import (
     parse_fs_io_s,
     run_mmpmon,
 )
-from kvscope.collectors.registry import collector_specs
 
 SHAREDFS = Path(__file__).parent / "fixtures" / "sharedfs"
 GPFS = SHAREDFS / "gpfs"
@@ -197,8 +197,8 @@ def test_mmpmon_reset_keeps_the_store_monotonic(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(Path(DEFAULT_MMPMON).exists(), reason="Storage Scale is installed here")
 def test_config_disabled_by_default_and_a_missing_mmpmon_stops_the_start() -> None:
-    specs = collector_specs()
-    assert not specs["gpfs"].enabled_by_default
+    specs = components()
+    assert not specs.collectors["gpfs"].enabled_by_default
     config = load_config(None, specs, {})  # disabled: the default path is not checked
     assert not config.collectors["gpfs"][0].enabled
     with pytest.raises(ConfigError, match=r"^collectors\.gpfs: mmpmon: /usr/lpp/mmfs/bin/mmpmon does not exist"):
@@ -206,7 +206,7 @@ def test_config_disabled_by_default_and_a_missing_mmpmon_stops_the_start() -> No
 
 
 def test_config_checks_path_and_timeout(tmp_path: Path) -> None:
-    specs = collector_specs()
+    specs = components()
     not_exec = tmp_path / "mmpmon-not-exec"
     not_exec.write_text("#!/bin/sh\n")  # no execute bit at all: not executable even for root
     with pytest.raises(ConfigError, match="is not executable"):

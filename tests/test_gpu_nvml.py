@@ -14,7 +14,7 @@ import pytest
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.readings import Reading, Sample
-from kvscope.agent.scheduler import Job, Scheduler
+from kvscope.agent.scheduler import Scheduler, collector_job
 from kvscope.agent.store import Store
 from kvscope.collectors import gpu_nvml_replay
 from kvscope.collectors.gpu_nvml import SPEC, NvmlCollector, NvmlOptions
@@ -296,7 +296,7 @@ def test_without_pynvml_and_through_the_scheduler_collector_up_stays_1(caplog: A
     caplog.set_level(logging.INFO, "kvscope.collectors.nvml")
     collector = NvmlCollector(None, NvmlOptions(), time.monotonic, time.time)
     store = store_with_gpu_metrics()
-    scheduler = Scheduler(store, [Job("nvml", collector, 0.01, 1.0)])
+    scheduler = Scheduler(store, [collector_job("nvml", collector, 0.01, 1.0)])
     scheduler.start()
     try:
         deadline = time.monotonic() + 10
@@ -314,7 +314,7 @@ def test_without_pynvml_and_through_the_scheduler_collector_up_stays_1(caplog: A
 
 
 def test_registered_enabled_and_catalogued() -> None:
-    from kvscope.agent.runtime import build_catalogue
+    from kvscope.agent.wiring import build_catalogue
     from kvscope.collectors.registry import collector_specs
 
     assert collector_specs()["nvml"] is SPEC and SPEC.enabled_by_default

@@ -10,6 +10,7 @@ import pytest
 
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.tiers import Tier
+from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import (
     BatchDecoder,
     MalformedBatch,
@@ -23,7 +24,6 @@ from kvscope.collectors.kv_event_schema import (
     Vllm033BlockStored,
 )
 from kvscope.collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
-from kvscope.collectors.registry import collector_specs
 from kvscope.collectors.vllm_kv_events import NAME, rank_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "kv_events"
@@ -278,10 +278,10 @@ def test_reuse_distance_zero_and_buckets() -> None:
 
 
 def test_registered_disabled_by_default() -> None:
-    specs = collector_specs()
+    specs = components()
     config = load_config(None, specs, environ={})
     settings, _ = config.collectors[NAME]
-    assert not specs[NAME].enabled_by_default and not settings.enabled
+    assert not specs.collectors[NAME].enabled_by_default and not settings.enabled
 
 
 @pytest.mark.parametrize(("toml", "message"), [
@@ -294,12 +294,12 @@ def test_registered_disabled_by_default() -> None:
 ])
 def test_config_errors_are_clear(toml: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(f"[collectors.{NAME}]\n{toml}\n", collector_specs(), environ={})
+        load_config(f"[collectors.{NAME}]\n{toml}\n", components(), environ={})
     assert str(info.value).startswith(f"collectors.{NAME}")
 
 
 def test_config_valid() -> None:
     text = (f"[collectors.{NAME}]\nenabled = true\nmodel = 'm'\nendpoint = 'tcp://127.0.0.1:5557'\n"
             "replay_endpoint = 'tcp://127.0.0.1:5600'\ndata_parallel_size = 2\n")
-    _, options = load_config(text, collector_specs(), environ={}).collectors[NAME]
+    _, options = load_config(text, components(), environ={}).collectors[NAME]
     assert (options.endpoint, options.data_parallel_size, options.engine) == ("tcp://127.0.0.1:5557", 2, "vllm")

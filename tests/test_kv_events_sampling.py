@@ -14,6 +14,7 @@ import zmq
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import HistogramSample, Sample
 from kvscope.agent.tiers import Tier
+from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import (
     BatchDecoder,
     GpuStoredEvent,
@@ -28,7 +29,6 @@ from kvscope.collectors.kv_event_schema import (
     Vllm033BlockStored,
 )
 from kvscope.collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
-from kvscope.collectors.registry import collector_specs
 from kvscope.collectors.vllm_kv_events import (
     NAME,
     REUSE_DISTANCE,
@@ -258,13 +258,13 @@ def test_config_rejects_bad_sample_rates(rate: str) -> None:
     text = (f"[collectors.{NAME}]\nenabled = true\nmodel = 'm'\nendpoint = 'tcp://127.0.0.1:5557'\n"
             f"reuse_sample_rate = {rate}\n")
     with pytest.raises(ConfigError, match="reuse_sample_rate"):
-        load_config(text, collector_specs(), environ={})
+        load_config(text, components(), environ={})
 
 
 def test_config_accepts_exact_rate() -> None:
     text = (f"[collectors.{NAME}]\nenabled = true\nmodel = 'm'\nendpoint = 'tcp://127.0.0.1:5557'\n"
             "reuse_sample_rate = 1.0\n")
-    _, options = load_config(text, collector_specs(), environ={}).collectors[NAME]
+    _, options = load_config(text, components(), environ={}).collectors[NAME]
     assert options.reuse_sample_rate == 1.0
 
 

@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from kvscope.agent.readings import HistogramSample, Sample
-from kvscope.agent.runtime import build_catalogue
 from kvscope.agent.store import Store
+from kvscope.agent.wiring import build_catalogue
 from kvscope.collectors.kv_event_schema import END_SEQ, Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
 from kvscope.collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
 

@@ -12,6 +12,7 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.store import Store
+from kvscope.agent.wiring import components
 from kvscope.collectors.lustre import (
     METRICS,
     LustreCollector,
@@ -21,7 +22,6 @@ from kvscope.collectors.lustre import (
     parse_llite_stats,
     split_lctl_output,
 )
-from kvscope.collectors.registry import collector_specs
 
 SHAREDFS = Path(__file__).parent / "fixtures" / "sharedfs"
 NODE = SHAREDFS / "node"
@@ -178,8 +178,8 @@ def test_failing_lctl_is_a_collector_error(tmp_path: Path) -> None:
 
 
 def test_config_checks_lctl_and_glob_placeholders(tmp_path: Path) -> None:
-    specs = collector_specs()
-    assert specs["lustre"].enabled_by_default
+    specs = components()
+    assert specs.collectors["lustre"].enabled_by_default
     with pytest.raises(ConfigError, match=r"collectors\.lustre: lctl: /nonexistent/lctl does not exist"):
         load_config('[collectors.lustre]\nlctl = "/nonexistent/lctl"\n', specs, {})
     with pytest.raises(ConfigError, match=r"stats_globs: '\{root\}/x'"):

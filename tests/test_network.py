@@ -9,6 +9,7 @@ import pytest
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.pipeline import Components
 from kvscope.agent.readings import Sample
 from kvscope.agent.store import Store
 from kvscope.collectors import network
@@ -89,10 +90,11 @@ def test_path_selects_another_namespace_file(tmp_path: Path) -> None:
 
 
 def test_bad_options_are_config_errors() -> None:
+    parts = Components({"network": network.SPEC}, {})
     with pytest.raises(ConfigError, match=r"collectors\.network: path: must be relative"):
-        load_config("[collectors.network]\npath = '/proc/net/dev'\n", {"network": network.SPEC}, environ={})
+        load_config("[collectors.network]\npath = '/proc/net/dev'\n", parts, environ={})
     with pytest.raises(ConfigError, match=r"collectors\.network: include: empty pattern"):
-        load_config("[collectors.network]\ninclude = ['']\n", {"network": network.SPEC}, environ={})
+        load_config("[collectors.network]\ninclude = ['']\n", parts, environ={})
 
 
 def test_interface_counter_reset_keeps_the_total_monotonic(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.store import Store
+from kvscope.agent.wiring import components
 from kvscope.collectors.nfs import METRICS, NfsCollector, NfsOptions, parse_mountstats
-from kvscope.collectors.registry import collector_specs
 
 NODE = Path(__file__).parent / "fixtures" / "sharedfs" / "node"
 MOUNTSTATS = NODE / "proc" / "self" / "mountstats"
@@ -163,8 +163,8 @@ def test_remount_counters_going_back_keep_the_store_monotonic(tmp_path: Path) ->
 
 
 def test_registered_enabled_by_default_and_configurable() -> None:
-    specs = collector_specs()
-    assert specs["nfs"].enabled_by_default
+    specs = components()
+    assert specs.collectors["nfs"].enabled_by_default
     config = load_config('[collectors.nfs]\nmountstats = "1/mountstats"\nexclude = ["/home/*"]\n', specs, {})
     settings, options = config.collectors["nfs"]
     assert settings.enabled and options.mountstats == "1/mountstats" and options.exclude == ["/home/*"]

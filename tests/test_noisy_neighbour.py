@@ -13,7 +13,7 @@ import pytest
 from kvscope.agent.config import load_config
 from kvscope.agent.reference.engine import EngineConfig
 from kvscope.agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, run_noisy_neighbour
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent.wiring import components
 from kvscope.collectors.sysfs import block_device_of
 
 MIB = 1 << 20
@@ -54,10 +54,11 @@ def test_spec_rejects_nonsense() -> None:
 
 
 def test_agent_config_binds() -> None:
-    config = load_config(agent_toml("http://127.0.0.1:1/metrics", "vda"), collector_specs(), environ={})
+    config = load_config(agent_toml("http://127.0.0.1:1/metrics", "vda"), components(), environ={})
     enabled = {name for name, (settings, _) in config.collectors.items() if settings.enabled}
-    assert enabled == {"vllm", "disk", "correlation"}
-    vllm, disk, corr = (config.collectors[n][1] for n in ("vllm", "disk", "correlation"))
+    assert enabled == {"vllm", "disk"} and config.analyses["correlation"][0].enabled
+    vllm, disk = (config.collectors[n][1] for n in ("vllm", "disk"))
+    corr = config.analyses["correlation"][1]
     assert vllm.engine == "reference" and vllm.cache_hit_source_tiers["external_unspecified"] == "G4"
     assert disk.include == ["vda"]
     assert corr.paths == {"G4": ['kvscope_disk_read_bytes_total{device="vda"}',

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from kvscope.agent.correlation.records import RECORDS_KEY, RecordBuffer
-from kvscope.collectors.base import CollectorContext
+from kvscope.agent.pipeline import CollectorContext
+from kvscope.agent.records import RecordBuffer
 from kvscope.collectors.otlp_traces import (
     EXPORTS,
     PROTOBUF,
@@ -99,7 +99,7 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
         span.end(end_time=6_000_000_000)
         tracer.start_span("Warmup (GPU)").end()
         provider.shutdown()
-        buffer = context.extras[RECORDS_KEY]
+        buffer = context.request_records
         (record,) = buffer.drain()
         assert (record.request_id, record.ttft, record.queue, record.prefill) == ("cmpl-xyz", 0.8, 0.1, 0.6)
         assert record.prompt_tokens == 4096 and record.cached_tokens == 2048 and record.model == "served"

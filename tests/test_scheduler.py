@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter
 from kvscope.agent.readings import Reading, Sample
-from kvscope.agent.scheduler import Job, Scheduler
+from kvscope.agent.scheduler import Scheduler, collector_job
 from kvscope.agent.store import Store
 from kvscope.exporters.http import MetricsServer
 
@@ -63,10 +63,10 @@ def test_failures_stay_isolated_and_metrics_keep_answering() -> None:
     store = Store(Catalogue([*AGENT_METRICS, counter(TICKS, "", ("collector",), "ticks", "test")]))
     healthy, raises, hangs = Healthy(), Raises(), Hangs()
     jobs = [
-        Job("healthy", healthy, 0.02, 1.0),
-        Job("raises", raises, 0.02, 1.0),
-        Job("hangs", hangs, 0.02, 0.1),
-        Job("garbage", Garbage(), 0.02, 1.0),
+        collector_job("healthy", healthy, 0.02, 1.0),
+        collector_job("raises", raises, 0.02, 1.0),
+        collector_job("hangs", hangs, 0.02, 0.1),
+        collector_job("garbage", Garbage(), 0.02, 1.0),
     ]
     scheduler = Scheduler(store, jobs, max_backoff=0.1)
     server = MetricsServer(store, "127.0.0.1", 0)
@@ -103,7 +103,7 @@ def test_failures_stay_isolated_and_metrics_keep_answering() -> None:
 def test_backoff_spaces_retries() -> None:
     store = Store(Catalogue(list(AGENT_METRICS)))
     raises = Raises()
-    scheduler = Scheduler(store, [Job("raises", raises, 0.05, 1.0)], max_backoff=10.0)
+    scheduler = Scheduler(store, [collector_job("raises", raises, 0.05, 1.0)], max_backoff=10.0)
     scheduler.start()
     time.sleep(1.0)
     scheduler.stop(timeout=2)

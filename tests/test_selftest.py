@@ -16,7 +16,7 @@ from kvscope.agent.selftest.harness import agent_config_text
 from kvscope.agent.selftest.plans import SharedPromptsPlan
 from kvscope.agent.selftest.report import as_json, table
 from kvscope.agent.selftest.runner import run_plans
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent.wiring import components
 
 SMALL_PLAN = SharedPromptsPlan(requests=16, prompts=4, concurrency=3)
 
@@ -106,9 +106,10 @@ def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
     for device in ("vda", None):
         text = agent_config_text("http://127.0.0.1:8000/metrics", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558",
                                  "openai/gpt-oss-120b", device, tmp_path / "r.jsonl", 0.2)
-        config = load_config(text, collector_specs(), environ={})
+        config = load_config(text, components(), environ={})
         enabled = {name for name, (s, _) in config.collectors.items() if s.enabled}
-        assert {"vllm", "vllm_kv_events", "otlp_traces", "correlation"} <= enabled
+        assert {"vllm", "vllm_kv_events", "otlp_traces"} <= enabled and config.analyses["correlation"][0].enabled
+        assert config.exporters.jsonl.enabled and config.exporters.jsonl.path == str(tmp_path / "r.jsonl")
         assert ("disk" in enabled) == (device is not None)
         assert config.collectors["vllm"][1].cache_hit_source_tiers["external_unspecified"] == "G4"
 
@@ -142,11 +143,12 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
         QUEUE_SECONDS,
         TTFT_SECONDS,
     )
-    from kvscope.agent.correlation.engine import CorrelationEngine, CorrelationOptions
+    from kvscope.agent.correlation.engine import CorrelationEngine
     from kvscope.agent.correlation.metrics import ATTRIBUTION_ERROR, TTFT_ATTRIBUTED
+    from kvscope.agent.correlation.options import CorrelationOptions
     from kvscope.agent.readings import HistogramSample, Reading, Sample
-    from kvscope.agent.runtime import build_catalogue
     from kvscope.agent.store import Store
+    from kvscope.agent.wiring import build_catalogue
 
     store = Store(build_catalogue())
     key = ("reference", "m", "0")
@@ -159,7 +161,7 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
             readings.append(HistogramSample(name, key, ((math.inf, float(requests)),), total, float(requests)))
         store.ingest("vllm", readings, 0.0)
         out: dict[str, float] = {}
-        for r in engine.collect():
+        for r in engine.run():
             if r.name == TTFT_ATTRIBUTED:
                 out[r.labels[3]] = out.get(r.labels[3], 0.0) + r.value  # type: ignore[union-attr]
             elif r.name == ATTRIBUTION_ERROR and r.labels[3:] == ("aggregate", "fetch_overflow"):

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from kvscope.agent.config import ConfigError, load_config
+from kvscope.agent.pipeline import Components
 from kvscope.agent.readings import HistogramSample, Reading, Sample
-from kvscope.agent.runtime import build_catalogue
 from kvscope.agent.store import Store
+from kvscope.agent.wiring import build_catalogue, components
 from kvscope.collectors.exposition_scan import ExpositionScanner
-from kvscope.collectors.registry import collector_specs
 from kvscope.collectors.vllm_map import Normaliser
 from kvscope.collectors.vllm_metrics import SPEC, VllmMetricsCollector, VllmOptions
 from kvscope.exporters.prometheus import TextRenderer
@@ -250,8 +250,8 @@ def test_normaliser_is_pure_over_a_scan() -> None:
 
 
 def test_registered_disabled_and_needs_urls() -> None:
-    specs = collector_specs()
-    assert specs["vllm"] is SPEC and not SPEC.enabled_by_default
+    specs = components()
+    assert specs.collectors["vllm"] is SPEC and not SPEC.enabled_by_default
     assert not load_config(None, specs).collectors["vllm"][0].enabled
     with pytest.raises(ConfigError, match=r"collectors\.vllm: urls: .*no URL"):
         load_config("[collectors.vllm]\nenabled = true\n", specs)
@@ -272,7 +272,7 @@ def test_registered_disabled_and_needs_urls() -> None:
 ])
 def test_bad_options_are_config_errors(extra: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_config(f"[collectors.vllm]\nenabled = true\n{extra}\n", collector_specs())
+        load_config(f"[collectors.vllm]\nenabled = true\n{extra}\n", components())
 
 
 def test_every_reading_is_catalogued() -> None:
@@ -391,7 +391,7 @@ def _golden(name: str, text: str) -> None:
 
 def test_golden_exposition_and_engine_restart(server: tuple[str, dict[str, Any]]) -> None:
     url, state = server
-    store = Store(build_catalogue({"vllm": SPEC}))
+    store = Store(build_catalogue(Components({"vllm": SPEC}, {})))
     collector = VllmMetricsCollector(VllmOptions(urls=[url]))
     store.ingest("vllm", collector.collect(), now=1.0)
     _golden("expected-v0.33.0-dp2.txt", _render(store, url))

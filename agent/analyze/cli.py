@@ -32,7 +32,7 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_analyze_command(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
     p = sub.add_parser("analyze", help="offline report from an AIPerf output directory (Markdown, JSON, PNG)")
     p.add_argument("dir", help="AIPerf --output-artifact-dir (profile_export.jsonl, server_metrics_export.jsonl)")
     p.add_argument("--recording", type=Path, help="kvscope per-request JSONL (correlation requests_jsonl)")

@@ -31,30 +31,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvscope.agent.correlation.costmodel import PrefillCostModel
-from kvscope.agent.correlation.records import RequestRecord
+from kvscope.agent.records import Attribution, Method, Part, RequestRecord
 
 FetchInside = Literal["queue", "prefill"]
-Method = Literal["measured", "estimated", "derived"]
 COMPONENTS = ("queue", "fetch", "prefill", "other")
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    seconds: float
-    method: Method
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    ttft: float
-    parts: dict[str, Part]  # component -> value and method; a component no source covers is absent
-    negative_remainder: float = 0.0  # measured/estimated parts exceeded TTFT by this much
-    fetch_overflow: float = 0.0  # fetch larger than the phase that contains it, by this much
-    estimate_overflow: float = 0.0  # estimated compute larger than the measured prefill, by this much
-
-    def seconds(self, component: str) -> float:
-        part = self.parts.get(component)
-        return 0.0 if part is None else part.seconds
 
 
 @dataclass(frozen=True, slots=True)

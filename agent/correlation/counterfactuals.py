@@ -11,9 +11,8 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from kvscope.agent.correlation.attribution import Attribution
 from kvscope.agent.correlation.costmodel import PrefillCostModel
-from kvscope.agent.correlation.records import RequestRecord
+from kvscope.agent.records import Attribution, RequestRecord
 
 
 def recompute_avoided(record: RequestRecord, attribution: Attribution, model: PrefillCostModel) -> float | None:

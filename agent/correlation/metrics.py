@@ -33,7 +33,6 @@ NON_KV_SHARE = "kvscope_tier_path_non_kv_share_ratio"
 NOISY_NEIGHBOUR = "kvscope_tier_noisy_neighbour"
 SATURATED = "kvscope_tier_saturated"
 RECORDS_DROPPED = "kvscope_request_records_dropped_total"
-OUTPUT_ERRORS = "kvscope_correlation_output_errors_total"
 
 FETCH_SHARE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -98,5 +97,4 @@ METRICS = (
           "1 when the tier's path is at its peak while the fetch share of TTFT grows.", _SRC),
     counter(RECORDS_DROPPED, "", (),
             "Per-request records dropped because the correlation engine fell behind the receivers.", _SRC),
-    counter(OUTPUT_ERRORS, "", (), "Per-request JSONL lines that could not be written.", _SRC),
 )

@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvscope.agent.correlation.attribution import Attribution, FetchInside
-from kvscope.agent.correlation.records import Interval, RequestRecord
+from kvscope.agent.correlation.attribution import FetchInside
+from kvscope.agent.records import Attribution, Interval, RequestRecord
 
 # -- fetch stall -----------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ after writes and POSIX_FADV_DONTNEED after reads), so every byte crosses the dev
 live on, as unrelated traffic on a shared storage path would. Intensity: the number of threads, the
 I/O size and an optional cap in bytes/s.
 
-`AttachedAgent` is the kvscope agent built by `agent.runtime.build_agent` from TOML text — the `vllm`
+`AttachedAgent` is the kvscope agent built by `agent.wiring.build_agent` from TOML text — the `vllm`
 scraper on the engine's /metrics (`engine = "reference"`), `disk` on G4's device and `correlation`
 with `paths` mapping G4 to that disk's read and written bytes — clocked by the caller: each `step()`
 runs the three collectors in that order and ingests their readings, so a correlation window always
@@ -36,8 +36,7 @@ from kvscope.agent.config import load_config
 from kvscope.agent.reference.engine import EngineConfig
 from kvscope.agent.reference.openai_server import ReferenceServer
 from kvscope.agent.reference.scenarios import LoadResult, _drive, _prompt, running_engine
-from kvscope.agent.runtime import Agent, build_agent
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent.wiring import Agent, build_agent, components
 from kvscope.collectors.sysfs import block_device_of
 
 MIB = 1 << 20
@@ -184,7 +183,11 @@ def agent_toml(metrics_url: str, device: str, interval: float = 0.25, requests_j
     path = [f'kvscope_disk_read_bytes_total{{device="{device}"}}',
             f'kvscope_disk_written_bytes_total{{device="{device}"}}']
     lines = ["[exporters.prometheus]", "enabled = false", ""]
-    for name in collector_specs():
+    if requests_jsonl:
+        lines += ["[exporters.jsonl]", "enabled = true", f"path = {json.dumps(requests_jsonl)}", ""]
+    lines += ["[analyses.correlation]", f"interval = {interval}",
+              "paths = { G4 = [" + ", ".join(f"'{p}'" for p in path) + "] }", ""]
+    for name in components().collectors:
         lines.append(f"[collectors.{name}]")
         lines.append(f"enabled = {'true' if name in ORDER else 'false'}")
         if name in ORDER:
@@ -195,10 +198,6 @@ def agent_toml(metrics_url: str, device: str, interval: float = 0.25, requests_j
                       'cache_hit_source_tiers = { external_unspecified = "G4" }']
         elif name == "disk":
             lines.append(f"include = [{json.dumps(device)}]")
-        elif name == "correlation":
-            lines.append("paths = { G4 = [" + ", ".join(f"'{p}'" for p in path) + "] }")
-            if requests_jsonl:
-                lines.append(f"requests_jsonl = {json.dumps(requests_jsonl)}")
         lines.append("")
     return "\n".join(lines)
 
@@ -232,15 +231,15 @@ class AttachedAgent:
 
     @classmethod
     def build(cls, metrics_url: str, device: str, requests_jsonl: str = "") -> AttachedAgent:
-        config = load_config(agent_toml(metrics_url, device, requests_jsonl=requests_jsonl), collector_specs(),
+        config = load_config(agent_toml(metrics_url, device, requests_jsonl=requests_jsonl), components(),
                              environ={})
         return cls(build_agent(config))
 
     def step(self) -> None:
-        jobs = {job.name: job for job in self.agent.scheduler.jobs}
         with self._lock:
             for name in ORDER:
-                readings = list(jobs[name].collector.collect())
+                collector = self.agent.collectors.get(name)
+                readings = list(collector.collect() if collector is not None else self.agent.analyses[name].run())
                 self.agent.store.ingest(name, readings, self.wall())
             now, totals = self.wall(), self._path_totals()
             last, self._last = self._last, (now, totals)
@@ -283,9 +282,8 @@ class AttachedAgent:
         if self._ticker is not None:
             self._ticker.join(timeout=10)
         for job in self.agent.scheduler.jobs:
-            close = getattr(job.collector, "close", None)
-            if close is not None:
-                close()
+            if job.close is not None:
+                job.close()
 
 
 # -- the scenario: shared prompts quiet, then with noise, the agent watching -------------------------

@@ -38,9 +38,8 @@ from kvscope.agent.reference.openai_server import ReferenceServer
 from kvscope.agent.reference.tierstore import Transfer
 from kvscope.agent.reference.tracing import RequestTracer
 from kvscope.agent.reference.truth import RequestTruth
-from kvscope.agent.runtime import Agent, build_agent
 from kvscope.agent.tiers import STORAGE_TIERS
-from kvscope.collectors.registry import collector_specs
+from kvscope.agent.wiring import Agent, build_agent, components
 from kvscope.collectors.sysfs import block_device_of
 
 log = logging.getLogger("kvscope.selftest")
@@ -133,9 +132,12 @@ listen = "127.0.0.1:0"
 engine = "{ENGINE_KIND}"
 model = {_toml_str(model)}
 
-[collectors.correlation]
+[analyses.correlation]
 stall_settle_seconds = {STALL_SETTLE_SECONDS}
-requests_jsonl = {_toml_str(str(requests_jsonl))}
+
+[exporters.jsonl]
+enabled = true
+path = {_toml_str(str(requests_jsonl))}
 
 [collectors.disk]
 {disk}
@@ -193,10 +195,11 @@ class Harness:
             text = agent_config_text(f"{server.url}/metrics", pub.endpoint, pub.replay_endpoint,
                                      config.served_model_name, device, run_dir / "requests.jsonl", self.interval)
             (run_dir / "kvscope.toml").write_text(text)
-            agent = build_agent(load_config(text, collector_specs(), environ={}, origin="selftest"))
             # the device slot stands in for the GPU the NVML collector would report (fetch stall)
-            agent.context.extras["gpu_intervals"] = DeviceSamples(lambda: list(engine.device_intervals),
-                                                                  engine.wall_at(engine.clock()), time.time)
+            device_slot = DeviceSamples(lambda: list(engine.device_intervals), engine.wall_at(engine.clock()),
+                                        time.time)
+            agent = build_agent(load_config(text, components(), environ={}, origin="selftest"),
+                                gpu_intervals=device_slot)
             agent.start()
             engine.tracer = RequestTracer(f"http://127.0.0.1:{self._receiver_port(agent)}")
             assert agent.server is not None
@@ -230,23 +233,23 @@ class Harness:
 
     def _receiver_port(self, agent: Agent) -> int:
         """The OTLP receiver binds in its start(), which the scheduler calls before its first collection."""
-        job = next(j for j in agent.scheduler.jobs if j.name == "otlp_traces")
+        receiver = agent.collectors["otlp_traces"]
         deadline = time.monotonic() + 10.0
         while (agent.store.value("kvscope_collector_runs_total", ("otlp_traces",)) or 0) < 1:
             if time.monotonic() > deadline:
                 raise TimeoutError("the otlp_traces receiver did not start within 10 s")
             time.sleep(0.01)
-        return int(job.collector.address[1])  # type: ignore[attr-defined]
+        return int(receiver.address[1])  # type: ignore[attr-defined]
 
     def _settle(self, agent: Agent, requests: int) -> tuple[bool, float]:
         """Waits until every collector ran again and the totals did not change across two collections,
         with every request counted; (settled, seconds waited). False at the deadline."""
-        store, names = agent.store, [j.name for j in agent.scheduler.jobs]
+        store, jobs = agent.store, [(f"kvscope_{j.kind}_runs_total", j.name) for j in agent.scheduler.jobs]
         start = time.monotonic()
         deadline = start + self.settle_deadline
 
         def runs() -> list[float]:
-            return [store.value("kvscope_collector_runs_total", (n,)) or 0.0 for n in names]
+            return [store.value(metric, (name,)) or 0.0 for metric, name in jobs]
 
         def fingerprint() -> tuple[Any, ...]:
             return tuple(tuple(sorted(store.values(name).items())) for name in SETTLE_METRICS)

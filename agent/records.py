@@ -1,4 +1,9 @@
-"""The per-request record every per-request source normalises to, and the buffer that carries it.
+"""Per-request data on both sides of the correlation analysis.
+
+Sources → analyses: the `RequestRecord` every per-request source (OTLP spans, AIPerf exports, the
+reference pipeline) normalises to, and the `RecordBuffer` that carries records from the sources to
+the correlation analysis. Analyses → sinks: the `AttributedRequest`, one request's TTFT split into
+components with the method behind each, which the JSON Lines exporter (and any later sink) writes.
 
 Sources differ in what they know: a vLLM `llm_request` span has TTFT, queue and prefill time and the
 prompt length but no cached tokens; an AIPerf record has TTFT, prompt length and (with a server that
@@ -12,6 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 Interval = tuple[float, float]  # (start, end) in wall-clock seconds
 
@@ -90,12 +96,35 @@ class RecordBuffer:
             return len(self._records)
 
 
-RECORDS_KEY = "request_records"  # CollectorContext.extras key of the shared RecordBuffer
+Method = Literal["measured", "estimated", "derived"]
 
 
-def shared_buffer(extras: dict[str, object], capacity: int = 65536) -> RecordBuffer:
-    """The RecordBuffer in the agent's extras, created by whichever factory asks first."""
-    buffer = extras.setdefault(RECORDS_KEY, RecordBuffer(capacity))
-    if not isinstance(buffer, RecordBuffer):
-        raise TypeError(f"extras[{RECORDS_KEY!r}] is {type(buffer).__name__}, not a RecordBuffer")
-    return buffer
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One component of a TTFT (queue, fetch, prefill, other): its seconds and how they were obtained."""
+
+    seconds: float
+    method: Method
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    ttft: float
+    parts: dict[str, Part]  # component -> value and method; a component no source covers is absent
+    negative_remainder: float = 0.0  # measured/estimated parts exceeded TTFT by this much
+    fetch_overflow: float = 0.0  # fetch larger than the phase that contains it, by this much
+    estimate_overflow: float = 0.0  # estimated compute larger than the measured prefill, by this much
+
+    def seconds(self, component: str) -> float:
+        part = self.parts.get(component)
+        return 0.0 if part is None else part.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedRequest:
+    """What the correlation analysis hands its request sinks for each request it attributed."""
+
+    record: RequestRecord
+    attribution: Attribution
+    prefill_saved: float | None  # recompute time the cache avoided (negative: the cache cost time)
+    ttft_without_cache: float | None  # the counterfactual TTFT had nothing been reused

@@ -1,0 +1,104 @@
+"""Aggregate attribution: each window's growth of the engine series, split into queue/fetch/prefill/other.
+
+From the store: the TTFT, queue and prefill histogram sums and the onboard transfer seconds and bytes
+(attribution.py has the arithmetic). It also feeds the tier fetch models from transfer totals and learns
+KV bytes per token (bytes onboarded to G1 / tokens hit below G1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from kvscope.agent import contract
+from kvscope.agent.correlation import metrics as m
+from kvscope.agent.correlation.attribution import FetchInside, WindowTotals, attribute_window
+from kvscope.agent.correlation.state import Deltas, Key, Models, Outputs, engine_key
+from kvscope.agent.readings import LabelValues
+from kvscope.agent.store import Store
+from kvscope.agent.tiers import Tier, link
+
+# Queue and prefill time are observed when a request finishes, its fetch while it runs: a fetch that does
+# not fit this window's phase is carried into the next windows (until its request finishes) for at most
+# this many windows before it counts as fetch_overflow.
+FETCH_CARRY_WINDOWS = 60
+BELOW_G1 = (Tier.G2.value, Tier.G3.value, Tier.G4.value, Tier.UNATTRIBUTED.value)
+
+
+@dataclass
+class WindowSummary:
+    """What one window of engine series yields for the path signals."""
+
+    fetch: float = 0.0
+    ttft: float = 0.0
+    onboard_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    onboard_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    tier_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+class WindowAttribution:
+    def __init__(self, store: Store, models: Models, outputs: Outputs, deltas: Deltas,
+                 fetch_inside: Callable[[str], FetchInside]) -> None:
+        self._store, self._models, self._out, self._deltas = store, models, outputs, deltas
+        self._fetch_inside = fetch_inside
+        self._fetch_carry: dict[Key, tuple[float, int]] = {}  # fetch waiting for its phase, windows waited
+
+    def _hist_sum(self, name: str, labels: LabelValues) -> tuple[float, float] | None:
+        if labels not in self._store.values(name):
+            return None
+        _, _, total, count = self._store.histogram(name, labels)
+        return self._deltas.step((name, labels, "sum"), total), self._deltas.step((name, labels, "count"), count)
+
+    def step(self) -> WindowSummary:
+        store, models, window = self._store, self._models, WindowSummary()
+        fetch: dict[Key, float] = defaultdict(float)
+        has_fetch: set[Key] = set()
+        seconds = store.values(contract.KV_TRANSFER_SECONDS)
+        for labels, total in store.values(contract.KV_TRANSFER_BYTES).items():
+            key, src, dst = engine_key(labels), labels[3], labels[4]
+            moved = self._deltas.step(("bytes", labels), total)
+            rate_moved = self._deltas.step(("rate", labels), total, from_zero=False)
+            window.tier_bytes[src] += rate_moved
+            window.tier_bytes[dst] += rate_moved
+            try:
+                onboard = link(src, dst).is_onboard
+            except ValueError:
+                continue
+            if onboard and dst == Tier.G1.value:  # every fetched block crosses the last hop exactly once
+                models.token_bytes[key][0] += moved
+            if onboard and labels in seconds:
+                spent = self._deltas.step(("seconds", labels), seconds[labels])
+                fetch[key] += spent
+                has_fetch.add(key)
+                models.tier(key, src).observe_window(moved, spent)
+                window.onboard_bytes[src] += moved
+                window.onboard_seconds[src] += spent
+        hits = store.values(contract.KV_HIT_TOKENS)
+        for labels, total in hits.items():
+            if labels[3] in BELOW_G1:
+                models.token_bytes[engine_key(labels)][1] += self._deltas.step(("hits", labels), total)
+        for labels in store.values(contract.TTFT_SECONDS):
+            key = engine_key(labels)
+            ttft = self._hist_sum(contract.TTFT_SECONDS, labels)
+            assert ttft is not None
+            queue = self._hist_sum(contract.QUEUE_SECONDS, labels)
+            prefill = self._hist_sum(contract.PREFILL_SECONDS, labels)
+            carried, waited = self._fetch_carry.pop(key, (0.0, 0))
+            totals = WindowTotals(ttft[0], None if queue is None else queue[0],
+                                  None if prefill is None else prefill[0],
+                                  fetch[key] + carried if key in has_fetch else None)
+            reused = sum(self._deltas.step(("reuse", lab), v, from_zero=False) for lab, v in hits.items()
+                         if lab[:3] == labels and lab[3] in BELOW_G1)
+            if ttft[1] > 0:
+                models.reused_per_request[key] = reused / ttft[1]
+            if ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried:
+                continue
+            attribution = attribute_window(totals, self._fetch_inside(key[0]))
+            if attribution.fetch_overflow > 0 and waited < FETCH_CARRY_WINDOWS:
+                self._fetch_carry[key] = (attribution.fetch_overflow, waited + 1)
+                attribution = replace(attribution, fetch_overflow=0.0)
+            self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
+            window.fetch += attribution.seconds("fetch")
+            window.ttft += attribution.ttft
+        return window

@@ -1,0 +1,97 @@
+"""What `kvscope run` will need, checked before it starts (and by `kvscope config check`).
+
+A configuration can be well-formed and still not run: a web config without the `web` extra, a host
+/proc that is not mounted where the config says, a listen address whose host does not resolve, a
+JSON Lines file in a directory that does not exist. Each problem is one line naming the key; problems
+stop the agent (exit 2), warnings are printed and the agent runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from kvscope.agent import extras
+from kvscope.agent.binding import ConfigError
+from kvscope.agent.config import Config, parse_listen
+from kvscope.agent.pipeline import Components
+
+_ROOT_KEYS = {"proc": ("agent.proc_root", "--path.procfs", "/proc"), "sys": ("agent.sys_root", "--path.sysfs", "/sys")}
+# a file every Linux /proc and /sys has: a directory without it is not the tree the collectors expect
+_ROOT_MARKERS = {"proc": "stat", "sys": "class"}
+
+
+@dataclass
+class Findings:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _roots(config: Config, parts: Components, found: Findings) -> None:
+    for root in ("proc", "sys"):
+        users = [name for name, (settings, _) in config.collectors.items()
+                 if settings.enabled and root in parts.collectors[name].roots]
+        if not users:
+            continue
+        key, flag, usual = _ROOT_KEYS[root]
+        path = config.agent.proc_root if root == "proc" else config.agent.sys_root
+        needed = f"(read by the {', '.join(users)} collector{'s' if len(users) > 1 else ''})"
+        if not os.path.isdir(path):
+            found.problems.append(f"{key}: {path} is not a directory {needed}; mount the host's {usual} there "
+                                  f"read-only, set {flag}, or disable those collectors")
+        elif not os.path.exists(os.path.join(path, _ROOT_MARKERS[root])):
+            found.warnings.append(f"{key}: {path} has no {_ROOT_MARKERS[root]!r}: it does not look like a "
+                                  f"{usual} tree {needed}")
+
+
+def _listen(key: str, address: str, found: Findings) -> None:
+    host, port = parse_listen(key, address)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        found.problems.append(f"{key}: cannot resolve host {host!r} of {address!r}: {exc.strerror or exc}")
+
+
+def _web(config: Config, found: Findings) -> None:
+    path = config.exporters.prometheus.web_config_file
+    if not path:
+        return
+    missing = extras.missing_modules("web")
+    if missing:
+        found.problems.append(extras.message("web", "exporters.prometheus.web_config_file", missing))
+        return
+    from kvscope.exporters.webconfig import load_web_config  # a sink; imported only when the file is set
+
+    try:
+        load_web_config(path)
+    except ConfigError as exc:
+        found.problems.append(str(exc))
+
+
+def _jsonl(config: Config, found: Findings) -> None:
+    section = config.exporters.jsonl
+    if not section.enabled:
+        return
+    directory = os.path.dirname(os.path.abspath(section.path))
+    if not os.path.isdir(directory):
+        found.problems.append(f"exporters.jsonl.path: directory {directory} does not exist")
+    elif not os.access(directory, os.W_OK):
+        found.problems.append(f"exporters.jsonl.path: directory {directory} is not writable")
+
+
+def check(config: Config, parts: Components) -> Findings:
+    found = Findings()
+    _roots(config, parts, found)
+    if config.exporters.prometheus.enabled:
+        _listen("exporters.prometheus.listen", config.exporters.prometheus.listen, found)
+    _web(config, found)
+    _jsonl(config, found)
+    records_in = [n for n in ("otlp_traces",) if n in config.collectors and config.collectors[n][0].enabled]
+    correlation = config.analyses.get("correlation")
+    if records_in and (correlation is None or not correlation[0].enabled):
+        found.warnings.append(f"collectors.{records_in[0]}: request records are received but the correlation "
+                              "analysis is disabled, so nothing attributes them")
+    if not any(settings.enabled for settings, _ in config.collectors.values()):
+        found.warnings.append("collectors: none enabled; /metrics will show only the agent's own health")
+    return found

@@ -1,0 +1,129 @@
+"""The wiring: from a Config to a running agent. The one place that builds and connects the pipeline.
+
+sources (collectors) → store → analyses → sinks. Shared objects are made here and handed to their
+users as typed constructor arguments: the request-record buffer (OTLP receiver → correlation
+analysis, sized by `analyses.correlation.record_buffer`), the GPU busy intervals (NVML collector, or
+whatever the caller passes, → correlation analysis) and the request sinks (correlation analysis →
+JSON Lines). Nothing on this path imports the reference pipeline, the self-test or the offline reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvscope import __version__
+from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
+from kvscope.agent.config import Config, parse_listen
+from kvscope.agent.contract import CONTRACT_METRICS
+from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
+from kvscope.agent.correlation.options import CorrelationOptions
+from kvscope.agent.pipeline import (
+    Analysis,
+    AnalysisInputs,
+    Collector,
+    CollectorContext,
+    Components,
+    GpuIntervals,
+    RequestSink,
+    Sink,
+)
+from kvscope.agent.records import RecordBuffer
+from kvscope.agent.scheduler import Job, Scheduler, analysis_job, collector_job
+from kvscope.agent.store import Store
+from kvscope.collectors.gpu_nvml import NvmlCollector
+from kvscope.collectors.registry import collector_specs
+from kvscope.exporters import jsonl
+from kvscope.exporters.http import MetricsServer
+from kvscope.exporters.jsonl import JsonlSink
+from kvscope.exporters.webconfig import load_web_config
+
+SINK_METRICS: tuple[MetricSpec, ...] = jsonl.METRICS
+
+
+def components() -> Components:
+    """Every collector and analysis kvscope can run, by the names its configuration uses."""
+    return Components(collectors=collector_specs(), analyses={CORRELATION_SPEC.name: CORRELATION_SPEC})
+
+
+def all_metric_specs(parts: Components | None = None) -> list[MetricSpec]:
+    parts = components() if parts is None else parts
+    return [*AGENT_METRICS, *CONTRACT_METRICS, *parts.metrics(), *SINK_METRICS]
+
+
+def build_catalogue(parts: Components | None = None) -> Catalogue:
+    return Catalogue(all_metric_specs(parts))
+
+
+@dataclass
+class Agent:
+    config: Config
+    store: Store
+    scheduler: Scheduler
+    collectors: dict[str, Collector]
+    analyses: dict[str, Analysis]
+    request_records: RecordBuffer
+    server: MetricsServer | None
+    sinks: list[Sink] = field(default_factory=list)  # the server included, when enabled
+
+    def start(self) -> None:
+        self.store.set_gauge("kvscope_build_info", (__version__,), 1.0, time.time())
+        for sink in self.sinks:
+            sink.start()
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        for sink in reversed(self.sinks):
+            sink.stop()
+
+
+def build_agent(
+    config: Config,
+    parts: Components | None = None,
+    *,
+    gpu_intervals: GpuIntervals | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+) -> Agent:
+    """Builds every enabled stage. `gpu_intervals` stands in for the NVML collector's busy/idle samples
+    (the self-test passes the reference engine's device slot)."""
+    parts = components() if parts is None else parts
+    store = Store(build_catalogue(parts), stale_after=config.agent.stale_after)
+    correlation = config.analyses.get(CORRELATION_SPEC.name)
+    capacity = correlation[1].record_buffer if correlation is not None else CorrelationOptions().record_buffer
+    records = RecordBuffer(capacity)
+    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records)
+
+    jobs: list[Job] = []
+    collectors: dict[str, Collector] = {}
+    for name, (settings, options) in config.collectors.items():
+        if settings.enabled:
+            collectors[name] = parts.collectors[name].factory(options, context)
+            jobs.append(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name)))
+    nvml = collectors.get("nvml")
+    if gpu_intervals is None and isinstance(nvml, NvmlCollector):
+        gpu_intervals = nvml
+
+    sinks: list[Sink] = []
+    request_sinks: list[RequestSink] = []
+    if config.exporters.jsonl.enabled:
+        writer = JsonlSink(config.exporters.jsonl.path, store, wall_clock=wall_clock)
+        sinks.append(writer)
+        request_sinks.append(writer)
+    inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock)
+    analyses: dict[str, Analysis] = {}
+    for name, (settings, options) in config.analyses.items():
+        if settings.enabled:
+            analyses[name] = parts.analyses[name].factory(options, inputs)
+            jobs.append(analysis_job(name, analyses[name], config.interval_of(name), config.timeout_of(name)))
+
+    scheduler = Scheduler(store, jobs, max_backoff=config.agent.max_backoff, clock=clock, wall_clock=wall_clock)
+    server = None
+    prom = config.exporters.prometheus
+    if prom.enabled:
+        host, port = parse_listen("exporters.prometheus.listen", prom.listen)
+        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file))
+        sinks.append(server)
+    return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
