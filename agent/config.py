@@ -28,8 +28,7 @@ LogFormat = Literal["logfmt", "json"]
 # keys that existed once and where they went, so an old config gets a pointer instead of "unknown key"
 MOVED = {
     "agent.history": "removed: the store keeps no history (see agent.stale_after)",
-    "collectors.correlation": "moved to [analyses.correlation]",
-    "collectors.correlation.requests_jsonl": "moved to [exporters.jsonl] path",
+    "collectors.correlation": "moved to [analyses.correlation] (its requests_jsonl is [exporters.jsonl] path)",
     "collectors.agent_self": "renamed [collectors.process] (standard process_* metrics)",
 }
 

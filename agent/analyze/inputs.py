@@ -10,7 +10,7 @@
   vLLM normaliser (collectors/vllm_map.py) reads, so the same tables map it to the kvscope contract: a scalar
   family is offered both as `name` and `name_total` (only one of them can match a rule: counter rules end in
   `_total`, gauge rules do not); `"histogram"` is accepted as a synonym of `"buckets"` (AIPerf's docs).
-- the correlation engine's `requests_jsonl` output (agent/correlation/output.py): one attributed request per
+- the JSON Lines exporter's output (exporters/jsonl.py): one attributed request per
   line.
 Bad lines and entries are counted, never raised.
 """
