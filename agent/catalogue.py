@@ -121,6 +121,9 @@ AGENT_METRICS = (
     *_health_metrics("analysis"),
     counter("kvscope_source_resets_total", "", ("collector",),
             "Source counters that went backwards (restart, wrap) and were taken as resets.", "store"),
+    gauge("kvscope_store_series", "", ("state",),
+          "Series the store holds in memory (state=held, exported or remembered after vanishing) and exports "
+          "(state=exported).", "store"),
     counter("kvscope_store_rejected_readings_total", "", ("collector",),
             "Readings dropped because they named no catalogued metric or had the wrong label count.",
             "store"),

@@ -120,6 +120,9 @@ class Scheduler:
         self.store.set_gauge(f"{prefix}_duration_seconds", labels, duration, now)
         self.store.bump(f"{prefix}_errors_total", labels, 1.0 if error else 0.0, now)
         self.store.bump(f"{prefix}_runs_total", labels, 1.0 if run else 0.0, now)
+        held, exported = self.store.size()
+        self.store.set_gauge("kvscope_store_series", ("held",), float(held), now)
+        self.store.set_gauge("kvscope_store_series", ("exported",), float(exported), now)
 
     def _run(self, job: Job) -> None:
         worker = _Worker(job.name, lambda: list(job.run()))

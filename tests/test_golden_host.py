@@ -5,7 +5,8 @@ collectors, `agent.proc_root`/`agent.sys_root` pointing at tests/fixtures/host/g
 exporter on an ephemeral port. One collection cycle runs (the interval is an hour, so exactly one),
 then `/metrics` is fetched over real HTTP and compared, whole, with tests/fixtures/host/golden.prom.
 Only what legitimately varies between runs is masked: the values of the agent's own
-`process_*` gauges/counters, the collectors' durations, and the version in build_info.
+`process_*` gauges/counters, the collectors' durations, the store's series counts (they depend on
+when the scrape lands among the collectors' health updates), and the version in build_info.
 
 When a change to the output is intended, regenerate the file and review its diff:
 
@@ -31,7 +32,7 @@ GOLDEN = HOST / "golden.prom"
 ROOT = HOST / "gpu-node"
 HOST_COLLECTORS = ("disk", "network", "rdma", "process")
 MASKED = "<masked>"
-_VARYING = re.compile(r"^(process_\w+|kvscope_collector_duration_seconds)((?:\{[^}]*\})?) \S+$", re.M)
+_VARYING = re.compile(r"^(process_\w+|kvscope_collector_duration_seconds|kvscope_store_series)((?:\{[^}]*\})?) \S+$", re.M)
 _VERSION = re.compile(r'(kvscope_build_info\{version=")[^"]*(")')
 
 
@@ -81,6 +82,7 @@ def test_masking_hides_only_varying_values() -> None:
     masked_lines = [ln for ln in masked.splitlines() if MASKED in ln]
     assert sorted(ln.split("{")[0].split(" ")[0] for ln in masked_lines) == [
         "kvscope_build_info", *["kvscope_collector_duration_seconds"] * len(HOST_COLLECTORS),
+        "kvscope_store_series", "kvscope_store_series",
         "process_cpu_seconds_total", "process_max_fds", "process_open_fds", "process_resident_memory_bytes",
         "process_start_time_seconds", "process_virtual_memory_bytes",
     ]
