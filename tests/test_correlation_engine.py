@@ -221,3 +221,15 @@ def test_options_validation() -> None:
     ok = bind(CorrelationOptions, {"paths": {"G4": ['kvscope_rdma_receive_bytes_total{device="mlx5_0",port="1"}']}},
               "analyses.correlation")
     assert ok.paths["G4"][0].startswith("kvscope_rdma")
+
+
+def test_growth_state_forgets_series_it_no_longer_reads() -> None:
+    from kvscope.agent.correlation.state import Deltas
+
+    deltas = Deltas(forget_after=3)
+    assert deltas.step("gone", 5.0) == 5.0 and deltas.step("kept", 1.0) == 1.0
+    for window in range(6):
+        deltas.end_window()
+        assert deltas.step("kept", 2.0 + window) == 1.0  # still read: its growth stays exact
+    assert len(deltas) == 1  # "gone" was not read for 3 windows and was dropped
+    assert deltas.step("gone", 7.0) == 7.0  # back after being forgotten: first sight again
