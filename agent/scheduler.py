@@ -133,6 +133,7 @@ class Scheduler:
         while not self._stop.wait(max(0.0, next_due - self._clock())):
             began = self._clock()
             error = ""
+            ingested = False
             if start is not None:
                 try:
                     start()
@@ -148,12 +149,14 @@ class Scheduler:
                     error = f"raised {type(worker.error).__name__}: {worker.error}"
                 else:
                     result = self.store.ingest(job.name, worker.result or [], self._wall())
+                    ingested = True
                     if result.rejected:
                         error = f"returned {result.rejected} readings that are not catalogued"
             duration = self._clock() - began
             if error:
                 failures += 1
-                self.store.collection_failed(job.name, self._wall())
+                if not ingested:  # readings that were stored stay fresh even when some were rejected
+                    self.store.collection_failed(job.name, self._wall())
                 if error != last_error:
                     log.warning("%s %s: %s (retrying with backoff)", job.kind, job.name, error)
                 last_error = error

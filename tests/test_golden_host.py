@@ -32,7 +32,8 @@ GOLDEN = HOST / "golden.prom"
 ROOT = HOST / "gpu-node"
 HOST_COLLECTORS = ("disk", "network", "rdma", "process")
 MASKED = "<masked>"
-_VARYING = re.compile(r"^(process_\w+|kvscope_collector_duration_seconds|kvscope_store_series)((?:\{[^}]*\})?) \S+$", re.M)
+_VARYING = re.compile(r"^(process_\w+|kvscope_collector_duration_seconds|kvscope_store_series)((?:\{[^}]*\})?) \S+$",
+                      re.M)
 _VERSION = re.compile(r'(kvscope_build_info\{version=")[^"]*(")')
 
 
