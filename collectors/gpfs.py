@@ -36,7 +36,7 @@ from kvscope.collectors.fs_common import (
     run_tool,
     under_root,
 )
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors
 
 log = logging.getLogger("kvscope.collectors.gpfs")
 

@@ -43,7 +43,7 @@ from kvscope.collectors.fs_common import (
     run_tool,
     under_root,
 )
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, read_text
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, read_text
 
 log = logging.getLogger("kvscope.collectors.lustre")
 

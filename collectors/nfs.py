@@ -35,7 +35,7 @@ from kvscope.collectors.fs_common import (
     under_root,
     unescape,
 )
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.nfs")
 

@@ -37,7 +37,7 @@ from kvscope.agent.reference.engine import EngineConfig
 from kvscope.agent.reference.openai_server import ReferenceServer
 from kvscope.agent.reference.scenarios import LoadResult, _drive, _prompt, running_engine
 from kvscope.agent.wiring import Agent, build_agent, components
-from kvscope.collectors.sysfs import block_device_of
+from kvscope.collectors.host_inputs import block_device_of
 
 MIB = 1 << 20
 Mode = Literal["read", "write", "mixed"]
