@@ -32,7 +32,8 @@ from typing import Literal
 
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.fs_common import (
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, read_text
+from kvscope.collectors.shared_fs import (
     FS_METRICS,
     FsTotals,
     MountEntry,
@@ -43,7 +44,6 @@ from kvscope.collectors.fs_common import (
     run_tool,
     under_root,
 )
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, read_text
 
 log = logging.getLogger("kvscope.collectors.lustre")
 

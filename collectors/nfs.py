@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.fs_common import (
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.shared_fs import (
     FS_METRICS,
     FS_SERVER_READ,
     FS_SERVER_WRITTEN,
@@ -35,7 +36,6 @@ from kvscope.collectors.fs_common import (
     under_root,
     unescape,
 )
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.nfs")
 

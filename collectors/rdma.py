@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.sysfs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
 
 log = logging.getLogger("kvscope.collectors.rdma")
 

@@ -1,4 +1,4 @@
-"""collectors.sysfs.block_device_of: which whole disk holds a directory (G3/G4 for the selftest and the
+"""collectors.host_inputs.block_device_of: which whole disk holds a directory (G3/G4 for the selftest and the
 noise scenario), resolved through /sys/dev/block as the kernel lays it out."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvscope.collectors.sysfs import block_device_of
+from kvscope.collectors.host_inputs import block_device_of
 
 
 def test_block_device_of_resolves_a_partition_to_its_disk(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.store import Store
 from kvscope.agent.wiring import components
-from kvscope.collectors.fs_common import ToolError
 from kvscope.collectors.gpfs import (
     DEFAULT_MMPMON,
     METRICS,
@@ -24,6 +23,7 @@ from kvscope.collectors.gpfs import (
     parse_fs_io_s,
     run_mmpmon,
 )
+from kvscope.collectors.shared_fs import ToolError
 
 SHAREDFS = Path(__file__).parent / "fixtures" / "sharedfs"
 GPFS = SHAREDFS / "gpfs"

@@ -16,10 +16,10 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.scheduler import Scheduler, collector_job
 from kvscope.agent.store import Store
-from kvscope.collectors import gpu_nvml_replay
 from kvscope.collectors.gpu_nvml import SPEC, NvmlCollector, NvmlOptions
-from kvscope.collectors.gpu_nvml_replay import NvmlRecorder, NvmlReplay, ReplayMiss
 from kvscope.collectors.gpu_samples import METRICS, integrate_samples, split_span, wrap_modulus
+from tests import nvml_replay
+from tests.nvml_replay import NvmlRecorder, NvmlReplay, ReplayMiss
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 T0 = 1754000000000000  # µs since 1970, the first sample of two_h200_constructed.json
@@ -123,12 +123,12 @@ def test_wrap_or_reset_decision() -> None:
 
 def test_replay_constants_and_errors_match_pynvml() -> None:
     pynvml = pytest.importorskip("pynvml")
-    for name, number in gpu_nvml_replay.CONSTANTS.items():
+    for name, number in nvml_replay.CONSTANTS.items():
         assert getattr(pynvml, name) == number, name
     replay = NvmlReplay(load("no_library.json"))
     for name in ("NVMLError_LibraryNotFound", "NVMLError_GpuIsLost", "NVMLError_NotSupported", "NVMLError_NotFound"):
         assert hasattr(pynvml, name) and hasattr(replay, name), name
-    not_found = gpu_nvml_replay.ERROR_CLASSES["NVMLError_LibraryNotFound"]
+    not_found = nvml_replay.ERROR_CLASSES["NVMLError_LibraryNotFound"]
     assert replay.NVMLError_LibraryNotFound is not_found
     with pytest.raises(not_found) as caught:
         replay.nvmlInit()

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from kvscope.agent.config import load_config
+from kvscope.agent.reference.attached_agent import agent_toml
 from kvscope.agent.reference.engine import EngineConfig
-from kvscope.agent.reference.noise import NoiseInjector, NoiseSpec, agent_toml, run_noisy_neighbour
+from kvscope.agent.reference.noise import NoiseInjector, NoiseSpec
+from kvscope.agent.reference.noisy_neighbour import run_noisy_neighbour
 from kvscope.agent.wiring import components
-from kvscope.collectors.sysfs import block_device_of
+from kvscope.collectors.host_inputs import block_device_of
 
 MIB = 1 << 20
 

@@ -177,7 +177,7 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
 
 
 def test_noisy_phase_checks_pass_on_agreement_and_miss_on_a_wrong_split() -> None:
-    from kvscope.agent.reference.noise import PhaseView
+    from kvscope.agent.reference.noisy_neighbour import PhaseView
     from kvscope.agent.reference.scenarios import LoadResult
     from kvscope.agent.reference.truth import RequestTruth
     from kvscope.agent.selftest.noisy import _phase_checks

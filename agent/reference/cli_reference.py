@@ -114,7 +114,8 @@ def _shared_prompts(args: argparse.Namespace) -> int:
 
 
 def _noisy_neighbour(args: argparse.Namespace) -> int:
-    from kvscope.agent.reference.noise import NoiseSpec, format_noisy, run_noisy_neighbour
+    from kvscope.agent.reference.noise import NoiseSpec
+    from kvscope.agent.reference.noisy_neighbour import format_noisy, run_noisy_neighbour
     from kvscope.agent.reference.scenarios import data_dir
 
     spec = NoiseSpec(threads=args.noise_threads, mode=args.noise_mode, io_bytes=parse_size(args.noise_io),

@@ -13,16 +13,14 @@ Policy (one thread drives it: the engine's device loop):
 - a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
 Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
 
-Write-behind (write_behind > 0 slots): a block going down to a file tier is copied to a host buffer and
-written by a background thread, as vLLM's offload stores are asynchronous, so the device loop does not
-wait for the disk; the block is found in that tier once written. When every buffer is busy the write is
-done inline (backpressure). A lock serialises the store's state between the two threads.
+Write-behind (write_behind > 0 slots, agent.reference.write_behind): a block going down to a file tier
+is written by a background thread; it is found in that tier once written. A lock serialises the store's
+state between the two threads.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +34,7 @@ import numpy as np
 from kvscope.agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
 from kvscope.agent.reference.blocks import BlockId, stamp_block
 from kvscope.agent.reference.pools import MemoryPool
+from kvscope.agent.reference.write_behind import WriteBehind
 from kvscope.agent.tiers import Tier
 
 log = logging.getLogger("kvscope.reference.store")
@@ -136,23 +135,15 @@ class TieredStore:
         self.pinned: set[int] = set()
         self.template = np.random.default_rng(seed).integers(0, 256, block_bytes, dtype=np.uint8)
         self.lock = threading.RLock()
-        self._wb_pool = MemoryPool(write_behind, block_bytes, prefault=False)  # touched on first use
-        self._wb_files = {t: BlockFiles(f.directory, f.direct) for t, f in self.files.items()}  # own buffers
-        self._wb_queue: queue.Queue[tuple[Tier, BlockId, int] | None] = queue.Queue()
-        self._wb_pending: set[tuple[Tier, int]] = set()
-        self._wb_thread: threading.Thread | None = None
-        if write_behind > 0 and self.files:
-            self._wb_thread = threading.Thread(target=self._write_behind, name="kv-write-behind", daemon=True)
-            self._wb_thread.start()
+        self.write_behind = WriteBehind(write_behind, block_bytes, block_tokens, self.files, clock, self.lock,
+                                        self._write_landed)
 
     def flush(self) -> None:
         """Waits until every queued write-behind has landed."""
-        self._wb_queue.join()
+        self.write_behind.flush()
 
     def close(self) -> None:
-        if self._wb_thread is not None:
-            self._wb_queue.put(None)
-            self._wb_thread.join(timeout=60)
+        self.write_behind.close()
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -317,7 +308,7 @@ class TieredStore:
             self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
             self._admit(G2, b, slot)
             return
-        if (dst, key) in self._wb_pending or self._queue_write(src, dst, b):
+        if self.write_behind.pending(dst, key) or self._queue_write(src, dst, b):
             return
         self._make_room(dst)  # first: a G3 → G4 cascade reads through the staging slot used below
         host = self._host_copy(src, key)
@@ -335,43 +326,27 @@ class TieredStore:
 
     def _queue_write(self, src: Tier, dst: Tier, b: BlockId) -> bool:
         """Hands the write to the write-behind thread if a buffer is free (False: write it inline)."""
-        if self._wb_thread is None or src not in (G1, G2):
+        free = self.write_behind.buffer() if src in (G1, G2) else None
+        if free is None:
             return False
-        slot = self._wb_pool.allocate()
-        if slot is None:
-            return False
+        slot, buffer = free
         t0 = self.clock()
         if b.key in self.tiers[G2].lru:
-            np.copyto(self._wb_pool.block(slot), self.g2.block(self.tiers[G2].lru[b.key]))
+            np.copyto(buffer, self.g2.block(self.tiers[G2].lru[b.key]))
         else:
-            np.copyto(self._wb_pool.block(slot), self.g1.block(self.tiers[G1].lru[b.key]))
+            np.copyto(buffer, self.g1.block(self.tiers[G1].lru[b.key]))
             self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
-        self._wb_pending.add((dst, b.key))
-        self._wb_queue.put((dst, b, slot))
+        self.write_behind.submit(dst, b, slot)
         return True
 
-    def _write_behind(self) -> None:
-        while (job := self._wb_queue.get()) is not None:
-            dst, b, slot = job
-            t0 = self.clock()
-            try:
-                written = self._wb_files[dst].write(b.key, self._wb_pool.slot(slot), self.block_bytes,
-                                                    self.block_tokens)
-            except OSError as exc:
-                log.warning("%s: cannot write block %016x: %s", dst, b.key, exc)
-                written = 0
-            seconds = self.clock() - t0
-            with self.lock:
-                self._wb_pool.free(slot)
-                self._wb_pending.discard((dst, b.key))
-                if written == 0:
-                    self.observer.error(dst, "write")
-                elif b.key not in self.tiers[dst].lru:
-                    self.observer.transfer(Transfer(G2, dst, written, seconds, t0, background=True))
-                    self._make_room(dst)
-                    self._admit(dst, b, 0)
-            self._wb_queue.task_done()
-        self._wb_queue.task_done()
+    def _write_landed(self, dst: Tier, b: BlockId, written: int, seconds: float, t0: float) -> None:
+        """A write-behind finished (its thread holds the lock): the block is now found in `dst`."""
+        if written == 0:
+            self.observer.error(dst, "write")
+        elif b.key not in self.tiers[dst].lru:
+            self.observer.transfer(Transfer(G2, dst, written, seconds, t0, background=True))
+            self._make_room(dst)
+            self._admit(dst, b, 0)
 
     def _host_copy(self, src: Tier, key: int) -> np.ndarray | None:
         """A padded host-memory slot holding the block, to write it to a file tier from."""

@@ -40,7 +40,7 @@ from kvscope.agent.reference.tracing import RequestTracer
 from kvscope.agent.reference.truth import RequestTruth
 from kvscope.agent.tiers import STORAGE_TIERS
 from kvscope.agent.wiring import Agent, build_agent, components
-from kvscope.collectors.sysfs import block_device_of
+from kvscope.collectors.host_inputs import block_device_of
 
 log = logging.getLogger("kvscope.selftest")
 

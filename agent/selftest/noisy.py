@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.agent.reference.engine import EngineConfig
-from kvscope.agent.reference.noise import NoiseSpec, PhaseView, run_noisy_neighbour
+from kvscope.agent.reference.noise import NoiseSpec
+from kvscope.agent.reference.noisy_neighbour import PhaseView, run_noisy_neighbour
 from kvscope.agent.reference.scenarios import LoadResult
 from kvscope.agent.selftest.checks import COMPONENTS, SHARE_PP, Check, shares
 

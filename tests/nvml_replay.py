@@ -20,7 +20,8 @@ A handle is ``{"handle": <index or uuid>}``. A union value is stored as the numb
 last answer repeats once they run out. A call that was never recorded raises `ReplayMiss`, which is
 not an NVML error, so a test notices instead of the collector treating it as "not supported".
 
-No third-party imports: the GPU check runs this with only torch and nvidia-ml-py installed.
+It lives in tests/, not in the package: the sidecar never records or replays NVML. No third-party
+imports: the GPU check runs this with only torch and nvidia-ml-py installed.
 """
 
 from __future__ import annotations

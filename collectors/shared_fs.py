@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.sysfs import InputErrors, read_text
+from kvscope.collectors.host_inputs import InputErrors, read_text
 
 FS_LABELS = ("mount", "fstype")
 FS_SOURCE = "NFS /proc/self/mountstats, Lustre llite.*.stats, Storage Scale mmpmon fs_io_s"

@@ -1,4 +1,5 @@
-"""What the host collectors (disk, network, rdma) share: small-file reads, name filters, input errors.
+"""The input side every host collector (disk, network, rdma, nfs, lustre, gpfs) shares: small-file
+reads, device and interface name filters, the input-error counter, and which whole disk holds a path.
 
 Kernel files are read whole with one `open`/`read` each; callers pass paths built from the
 injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
