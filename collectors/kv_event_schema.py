@@ -11,16 +11,21 @@ Source of truth: shared/facts/vllm.md §2.2–2.6 (vLLM `vllm/distributed/kv_eve
 The decoder picks the encoding per message, trying msgspec decoders in order until one fits:
 1. a batch of GPU BlockStored only (map or array form): the usual batch while the GPU cache has room,
    and the one the aggregation can take without any per-event check (skipped for 16 batches after a
-   batch that is not one, so a stream with evictions or offloading rarely pays for the failed try);
+   batch that is not one, so a stream with evictions or offloading rarely pays for the failed try).
+   In map form its block_size is read on the first such batch and then one in 16: reading a field
+   costs ~10 ns per event, about 2 % of this path, and G1's block size does not change under a running
+   engine (kv_residency takes it from the batches that read it);
 2. the current map form, then the legacy array form, each first with the mediums and localities vLLM
    is known to send as Literals (one shared str per value, no allocation) and then with plain str;
 3. a slow path that also accepts a batch encoded as a map (a short-lived main-branch state) and skips
    event types this module does not know, counting them.
-All give the same events for a payload they both accept; only the cost differs.
+All give the same events for a payload they both accept; only the cost differs (and whether a batch
+of GPU stores only had its block_size read).
 
-Decoding declares only the fields residency needs (hashes, medium, locality): msgspec then skips the
-token ids, which are most of the bytes, without building Python objects for them. That alone is about
-twice as fast as decoding vLLM's full schema (bench/bench_kv_events.py).
+Decoding declares only the fields residency needs (hashes, medium, locality, and block_size for the
+bytes a tier holds): msgspec then skips the token ids, which are most of the bytes, without building
+Python objects for them. That alone is about twice as fast as decoding vLLM's full schema
+(bench/bench_kv_events.py).
 
 The `Vllm033*` and `Vllm020*` structs mirror the publisher's own definitions; they encode fixtures,
 test streams and benchmark load byte-for-byte as those vLLM versions do.
@@ -66,6 +71,7 @@ KnownLocality = Literal["LOCAL", "REMOTE"]
 class StoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
     KIND: ClassVar[int] = STORED
     block_hashes: list[BlockHash]
+    block_size: int = 0  # tokens per block hash; 0 when not sent
     medium: KnownMedium | None = None
     locality: KnownLocality | None = None
 
@@ -87,6 +93,7 @@ class ClearedEvent(msgspec.Struct, tag="AllBlocksCleared", gc=False):
 class StoredEventAnyMedium(msgspec.Struct, tag="BlockStored", gc=False):
     KIND: ClassVar[int] = STORED
     block_hashes: list[BlockHash]
+    block_size: Any = 0  # anything: an odd value must not make the batch malformed (kv_residency checks it)
     medium: str | None = None
     locality: str | None = None
 
@@ -109,13 +116,30 @@ class GpuStoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
 
     KIND: ClassVar[int] = STORED
     locality: ClassVar[str | None] = None  # skipped on the wire: G1 does not depend on it
+    block_size: ClassVar[None] = None  # not read here (about 2 % of this path): see GpuSizedStoredEvent
     block_hashes: list[BlockHash]
     medium: Literal["GPU"]
+
+
+class GpuSizedStoredEvent(msgspec.Struct, tag="BlockStored", gc=False):
+    """GpuStoredEvent with block_size read: BatchDecoder decodes one in _GPU_SIZE_EVERY batches of GPU
+    stores only with it, which keeps G1's block size known at a sixteenth of the cost."""
+
+    KIND: ClassVar[int] = STORED
+    locality: ClassVar[str | None] = None
+    block_hashes: list[BlockHash]
+    medium: Literal["GPU"]
+    block_size: int = 0
 
 
 class GpuStoresBatch(_Batch):
     gpu_stores_only: ClassVar[bool] = True
     events: list[GpuStoredEvent]
+
+
+class GpuSizedStoresBatch(_Batch):
+    gpu_stores_only: ClassVar[bool] = True
+    events: list[GpuSizedStoredEvent]
 
 
 class MapBatch(_Batch):
@@ -163,7 +187,7 @@ class LegacyStoredEventAnyMedium(msgspec.Struct, tag="BlockStored", array_like=T
     block_hashes: list[BlockHash]
     parent_block_hash: msgspec.Raw
     token_ids: msgspec.Raw
-    block_size: msgspec.Raw
+    block_size: Any
     lora_id: msgspec.Raw
     medium: str | None
 
@@ -208,7 +232,8 @@ class LegacyBatchAnyMedium(_Batch):
     events: list[LegacyEventAnyMedium]
 
 
-Event = GpuStoredEvent | LegacyGpuStoredEvent | MapEvent | MapEventAnyMedium | LegacyEvent | LegacyEventAnyMedium
+Event = (GpuStoredEvent | GpuSizedStoredEvent | LegacyGpuStoredEvent | MapEvent | MapEventAnyMedium | LegacyEvent
+         | LegacyEventAnyMedium)
 
 
 class MalformedBatch(ValueError):
@@ -248,18 +273,24 @@ class SlowBatch:
 # After a batch that is not GPU stores only, skip that decoder for this many batches: a stream with
 # offloading or evictions then wastes at most one failed partial decode in this many + 1.
 _GPU_STORES_BACKOFF = 16
+# Of the map-form batches of GPU stores only, the first and then one in this many are decoded with
+# block_size read (GpuSizedStoredEvent); every other decoder always reads it.
+_GPU_SIZE_EVERY = 16
 
 
 class BatchDecoder:
-    """Decodes one msgpack payload into a DecodedBatch. No I/O; the result depends on the payload only
-    (the one piece of state, a back-off counter, only chooses which decoder to try first)."""
+    """Decodes one msgpack payload into a DecodedBatch. No I/O; the events depend on the payload only.
+    Two counters choose which decoder to try first (a back-off) and whether a batch of GPU stores only
+    is read with its block_size (one in _GPU_SIZE_EVERY; otherwise its events' block_size is None)."""
 
     def __init__(self) -> None:
         # Batches of GPU stores only, in either wire form (a map stream fails the array one at its first
         # event, and the other way round, which costs little). Tried first unless backing off.
         self._gpu_map = msgspec.msgpack.Decoder(GpuStoresBatch).decode
+        self._gpu_map_sized = msgspec.msgpack.Decoder(GpuSizedStoresBatch).decode
         self._gpu_array = msgspec.msgpack.Decoder(LegacyGpuStoresBatch).decode
         self._gpu_backoff = 0
+        self._gpu_unsized = 0  # map-form GPU-stores batches to decode without block_size before the next
         # Then tried in order; the first that fits wins. Known mediums first (the common case costs one
         # decode); the plain-str structs give the same result for anything else.
         self._fast: tuple[Callable[[bytes], DecodedBatch], ...] = (
@@ -279,7 +310,13 @@ class BatchDecoder:
             self._gpu_backoff -= 1
         else:
             try:
-                return self._gpu_map(payload)
+                if self._gpu_unsized:
+                    batch = self._gpu_map(payload)
+                    self._gpu_unsized -= 1
+                    return batch
+                sized = self._gpu_map_sized(payload)
+                self._gpu_unsized = _GPU_SIZE_EVERY - 1
+                return sized
             except msgspec.DecodeError:
                 pass
             try:

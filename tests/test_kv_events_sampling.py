@@ -17,6 +17,7 @@ from kvscope.agent.tiers import Tier
 from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import (
     BatchDecoder,
+    GpuSizedStoredEvent,
     GpuStoredEvent,
     RemovedEvent,
     StoredEvent,
@@ -132,9 +133,11 @@ def test_gpu_stores_only_decoder_and_its_back_off() -> None:
 
     removal = msgspec.msgpack.encode(Vllm033Batch(1.0, [Vllm033BlockRemoved([1], "GPU")], 0))
     decoder = BatchDecoder()
-    first = decoder.decode(stores())
-    assert first.gpu_stores_only and type(first.events[0]) is GpuStoredEvent
-    assert [e.block_hashes for e in first.events] == [[1], [2], [1]]
+    first = decoder.decode(stores())  # the first (then one in 16) is read with its block_size
+    assert first.gpu_stores_only and type(first.events[0]) is GpuSizedStoredEvent
+    assert [(e.block_hashes, e.block_size) for e in first.events] == [([1], 16), ([2], 16), ([1], 16)]
+    second = decoder.decode(stores())
+    assert type(second.events[0]) is GpuStoredEvent and second.events[0].block_size is None
     removed = decoder.decode(removal)  # a BlockRemoved with medium GPU is not a GpuStoredEvent
     assert not removed.gpu_stores_only and type(removed.events[0]) is RemovedEvent
     # after a miss the GPU-stores decoder is skipped for 16 batches; the result is the same either way
