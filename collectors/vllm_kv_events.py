@@ -2,10 +2,12 @@
 
 One SUB socket per data-parallel rank (vLLM offsets the port by the rank). A background thread started
 by `start()` receives `[topic, seq (8 bytes, big-endian), msgpack batch]`, decodes the batch in either wire
-format and applies it to that rank's Residency; `collect()` reports the aggregates. Aggregating in the
-socket thread is the fastest bounded design here: a second Python thread would only add a hand-off under
-the GIL. The bound is ZMQ's own receive queue (RCVHWM); when it and the publisher's send queue are full,
-vLLM's PUB drops whole batches without blocking the engine, and the gap shows in the sequence numbers.
+format and applies it to that rank's Residency; `collect()` reports the aggregates, including the KV bytes
+each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token` option) where all
+three are known. Aggregating in the socket thread is the fastest bounded design here: a second Python
+thread would only add a hand-off under the GIL. The bound is ZMQ's own receive queue (RCVHWM); when it and
+the publisher's send queue are full, vLLM's PUB drops whole batches without blocking the engine, and the
+gap shows in the sequence numbers.
 
 Sequence numbers (per publisher, from 0, +1 per batch, restart at 0 with the process):
 - a gap is counted as dropped; with a replay endpoint the missing batches are asked of vLLM's ROUTER
@@ -30,12 +32,12 @@ from typing import Any
 import zmq
 
 from kvscope.agent.catalogue import counter, gauge, histogram
-from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS
+from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS, TIER_USED_BYTES
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_event_schema import END_SEQ, EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
-from kvscope.collectors.kv_residency import Residency
+from kvscope.collectors.kv_residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
 
 log = logging.getLogger("kvscope.vllm_kv_events")
 
@@ -95,6 +97,12 @@ METRICS = (
             _SRC),
 )
 
+# why a tier with resident blocks has no used bytes (logged once per rank and tier)
+_NO_SIZE_WHY = {
+    BLOCK_SIZE_MIXED: "its resident blocks were stored with different block sizes",
+    BLOCK_SIZE_NOT_SENT: "its BlockStored events carry no block_size and default_block_size is 0",
+}
+
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)$")
 
 
@@ -136,6 +144,12 @@ class VllmKvEventsOptions:
     replay_timeout: float = 2.0  # seconds to wait for a replay before counting the gap as missed
     reuse_max_tracked_blocks: int = 131072  # sampled blocks remembered per rank and tier; ~150 B each
     reuse_sample_rate: float = 1 / 16  # fraction of blocks the reuse-distance histogram tracks (SHARDS)
+    # KV bytes one token occupies, from the model's KV geometry (`kvscope kv-size --model M` prints it);
+    # not on the wire. 0 = unknown: kvscope_tier_used_bytes is not exported.
+    kv_bytes_per_token: int = 0
+    # tokens per block hash for stores whose BlockStored carries no block_size (0 on the wire, as vLLM's
+    # offload placeholder events send); a size the events carry always wins. 0 = unknown.
+    default_block_size: int = 0
 
     def validate(self, path: str) -> None:
         if not self.endpoint:
@@ -157,6 +171,10 @@ class VllmKvEventsOptions:
             raise ValueError("reuse_max_tracked_blocks: must be >= 1")
         if not 1e-6 <= self.reuse_sample_rate <= 1:
             raise ValueError(f"reuse_sample_rate: must be in [1e-6, 1] (1 = exact), got {self.reuse_sample_rate}")
+        if self.kv_bytes_per_token < 0:
+            raise ValueError(f"kv_bytes_per_token: must be >= 0 (0 = unknown), got {self.kv_bytes_per_token}")
+        if self.default_block_size < 0:
+            raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
 
 
 class _Stream:
@@ -349,6 +367,7 @@ class VllmKvEventsCollector:
     def _readings(self, s: _Stream) -> list[Reading]:
         lab = s.labels
         res = s.residency
+        bytes_per_token = self._opts.kv_bytes_per_token
         out: list[Reading] = [
             Sample(DROPPED_TOTAL, lab, s.dropped),
             Sample(MISSED_TOTAL, lab, s.missed),
@@ -367,7 +386,15 @@ class VllmKvEventsCollector:
             tl = (*lab, tier.value)
             out.append(Sample(RESIDENCY_KNOWN, tl, 1.0 if st.known else 0.0))
             if st.known:
-                out.append(Sample(KV_RESIDENT_BLOCKS, tl, len(st.resident)))
+                blocks = len(st.resident)
+                out.append(Sample(KV_RESIDENT_BLOCKS, tl, blocks))
+                if bytes_per_token:
+                    tokens = st.block_tokens(self._opts.default_block_size)
+                    if tokens or not blocks:
+                        out.append(Sample(TIER_USED_BYTES, tl, blocks * tokens * bytes_per_token))
+                    elif st.block_size in _NO_SIZE_WHY:  # not while pending: a sized batch is near
+                        self._log_once(s, f"block-size-{tier.value}", "no kvscope_tier_used_bytes for %s: %s",
+                                       tier.value, _NO_SIZE_WHY[st.block_size])
             out.append(Sample(STORED_TOTAL, tl, st.stored))
             out.append(Sample(REMOVED_TOTAL, tl, st.removed))
             out.append(Sample(REMOVED_UNKNOWN_TOTAL, tl, st.removed_unknown))
