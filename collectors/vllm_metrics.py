@@ -42,8 +42,9 @@ Also: TTFT, queue and prefill histograms with vLLM's bucket edges; running/waiti
 `vllm:prompt_tokens` → `kvscope_prompt_tokens_total`; `vllm:request_success{finished_reason}` →
 `kvscope_requests_finished_total{reason}`; `vllm:kv_cache_usage_perc` (alias `gpu_cache_usage_perc`)
 → `kvscope_kv_cache_usage_ratio` (blocks pinned by running requests, *not* residency, so it is not
-`kvscope_tier_used_bytes`); capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size
-→ G1 tokens) and `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
+`kvscope_tier_used_bytes`: no series on the page gives residency, which comes from KV events);
+capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size → G1 tokens) and
+`vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
 
 Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
 A target that fails (connect, timeout, HTTP status, larger than `max_response_bytes`, a body cut
