@@ -11,9 +11,9 @@ import pytest
 
 from kvscope.agent.cli import main
 from kvscope.agent.config import load_config
-from kvscope.agent.selftest.checks import Check, Figures, compare
+from kvscope.agent.selftest.checks import USED_BYTES_SKIPPED, Check, Figures, compare
 from kvscope.agent.selftest.harness import agent_config_text
-from kvscope.agent.selftest.plans import SharedPromptsPlan
+from kvscope.agent.selftest.plans import SMALL, SharedPromptsPlan
 from kvscope.agent.selftest.report import as_json, table
 from kvscope.agent.selftest.runner import run_plans
 from kvscope.agent.wiring import components
@@ -39,6 +39,32 @@ def test_selftest_passes_on_the_shared_prompts_scenario(tmp_path: Path) -> None:
     config = (tmp_path / "shared-prompts" / "agent" / "0-cache" / "kvscope.toml").read_text()
     assert 'engine = "reference"' in config and '"external_unspecified" = "G4"' in config
     assert meta["scenarios"]["shared-prompts"]["runs"]["cache"]["requests"] == 16
+
+
+@pytest.mark.integration
+def test_used_bytes_per_tier_match_the_engine_once_the_agent_has_the_geometry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent configured with the engine's KV bytes per token exports kvscope_tier_used_bytes, equal to
+    the engine's resident blocks x block bytes in every tier. The line is added to the harness's TOML
+    here only if the harness does not write it itself."""
+    from kvscope.agent.selftest import harness
+
+    written = harness.agent_config_text
+
+    def with_geometry(*args: object, **kwargs: object) -> str:
+        text = written(*args, **kwargs)  # type: ignore[arg-type]
+        if "kv_bytes_per_token" in text:
+            return text
+        return text.replace("[collectors.vllm_kv_events]\n",
+                            f"[collectors.vllm_kv_events]\nkv_bytes_per_token = {SMALL.bytes_per_token}\n")
+
+    monkeypatch.setattr(harness, "agent_config_text", with_geometry)
+    plan = SharedPromptsPlan(requests=6, prompts=6, concurrency=3, prompt_tokens=1024)  # G1, G2, G3 hold blocks
+    rows, _, _ = run_plans({"shared-prompts": plan}, tmp_path)
+    used = [c for _, c in rows if c.quantity.startswith("used bytes")]
+    assert {c.quantity for c in used if c.run == "cache"} == {f"used bytes G{i}" for i in range(1, 5)}
+    assert all(c.passed for c in used), table([("shared-prompts", c) for c in used])
+    assert len([c for c in used if c.run == "cache" and c.truth > 0]) >= 2
 
 
 def _figures() -> Figures:
@@ -100,6 +126,20 @@ def test_report_table_and_json() -> None:
     assert "MISS" in next(line for line in text.splitlines() if "hit tokens G4" in line)
     doc = as_json(rows, {"kvscope": "test"})
     assert doc["passed"] is False and json.loads(json.dumps(doc))["checks"][0]["scenario"] == "shared-prompts"
+
+
+def test_used_bytes_skip_without_the_series_and_are_exact_with_it() -> None:
+    block = 589_824.0  # gpt-oss-120b, 16-token blocks
+    truth = replace(_figures(), used_bytes={"G1": 4 * block, "G2": 0.0, "G3": 0.0, "G4": 12 * block})
+    (skipped,) = [c for c in compare("cache", truth, _figures()) if c.quantity.startswith("used bytes")]
+    assert skipped.passed and skipped.tolerance == USED_BYTES_SKIPPED and math.isnan(skipped.measured)
+    measured = replace(_figures(), used_bytes=dict(truth.used_bytes))
+    used = [c for c in compare("cache", truth, measured) if c.quantity.startswith("used bytes")]
+    assert [c.quantity for c in used] == ["used bytes G1", "used bytes G2", "used bytes G3", "used bytes G4"]
+    assert all(c.passed and c.tolerance == "exact" for c in used)
+    measured.used_bytes["G4"] -= block  # one block off
+    del measured.used_bytes["G2"]  # one tier not exported while the others are
+    assert _failed(compare("cache", truth, measured)) == {"used bytes G2", "used bytes G4"}
 
 
 def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:

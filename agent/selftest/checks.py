@@ -6,7 +6,9 @@ so a test can feed it a doctored truth and watch the verdict fail.
 
 Tolerances, and why:
 - counts (tokens, bytes, blocks, requests): exact. Both sides count the same integers; the agent
-  carries them as floats, which are exact below 2^53.
+  carries them as floats, which are exact below 2^53. Used bytes per tier too: the agent multiplies
+  its resident blocks by the events' block_size and its configured kv_bytes_per_token, the engine its
+  resident blocks by its block bytes (block_tokens × the geometry's bytes per token).
 - TTFT sum: relative 1e-9. The engine observes each TTFT into vLLM's histogram (a float sum), the
   exposition prints it exactly (Go's shortest repr), and the store adds differences of cumulative sums
   once per scrape: each addition can round by one ulp (~1e-16 relative), so even 10^4 scrapes stay
@@ -39,6 +41,8 @@ REQUEST_FRACTION_OF_TTFT = 0.10
 REQUESTS_WITHIN = 0.90
 SAVED_RELATIVE = 0.10
 SUM_RELATIVE = 1e-9
+USED_BYTES_SKIPPED = ("skipped: no kvscope_tier_used_bytes in the exposition (the agent's vllm_kv_events "
+                      "collector has no kv_bytes_per_token)")
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Figures:
     hit_tokens: dict[str, float] = field(default_factory=dict)  # tier -> tokens
     link_bytes: dict[str, float] = field(default_factory=dict)  # "src->dst" -> bytes
     resident_blocks: dict[str, float] = field(default_factory=dict)  # tier -> blocks (NaN: not exported)
+    used_bytes: dict[str, float] = field(default_factory=dict)  # tier -> bytes (absent: not exported)
     requests: float = 0.0
     ttft_count: float = 0.0
     ttft_sum: float = 0.0
@@ -97,6 +102,8 @@ def truth_figures(run: RunCapture) -> Figures:
     f.requests = f.ttft_count = float(len(run.truths))
     f.link_bytes = {k: float(v) for k, v in run.link_bytes.items()}
     f.resident_blocks = {k: float(v) for k, v in run.resident.items()}
+    block_bytes = run.config.geometry.block_bytes(run.block_tokens)  # the engine's own block size in bytes
+    f.used_bytes = {k: float(v * block_bytes) for k, v in run.resident.items()}
     return f
 
 
@@ -119,6 +126,8 @@ def measured_figures(run: RunCapture) -> Figures:
             f.link_bytes[link] = f.link_bytes.get(link, 0.0) + value
         elif name == "kvscope_kv_resident_blocks":
             f.resident_blocks[labels["tier"]] = value
+        elif name == "kvscope_tier_used_bytes":
+            f.used_bytes[labels["tier"]] = value
         elif name == "kvscope_ttft_seconds_count":
             f.ttft_count += value
         elif name == "kvscope_ttft_seconds_sum":
@@ -168,6 +177,7 @@ def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
     for tier in sorted(truth.resident_blocks):
         out.append(_exact(run, f"resident blocks {tier}", truth.resident_blocks[tier],
                           measured.resident_blocks.get(tier, math.nan)))
+    out.extend(_used_bytes(run, truth, measured))
     out.append(_exact(run, "requests attributed (spans)", truth.requests, measured.requests))
     out.append(_exact(run, "TTFT count", truth.ttft_count, measured.ttft_count))
     rel = (measured.ttft_sum - truth.ttft_sum) / truth.ttft_sum if truth.ttft_sum else measured.ttft_sum
@@ -185,6 +195,16 @@ def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
     out.append(Check(run, "GPU fetch stall s (device slot)", t, m, err, f"rel {STALL_RELATIVE:g}",
                      abs(err) <= STALL_RELATIVE))
     return out
+
+
+def _used_bytes(run: str, truth: Figures, measured: Figures) -> list[Check]:
+    """Per tier, exact; an absent tier is a miss. An exposition without the metric at all (an agent
+    whose vllm_kv_events collector has no kv_bytes_per_token) is one passing row that says so."""
+    if not measured.used_bytes:
+        total = sum(truth.used_bytes.values())
+        return [Check(run, "used bytes, all tiers", total, math.nan, math.nan, USED_BYTES_SKIPPED, True)]
+    return [_exact(run, f"used bytes {tier}", truth.used_bytes[tier], measured.used_bytes.get(tier, math.nan))
+            for tier in sorted(truth.used_bytes)]
 
 
 def shares(components: dict[str, float]) -> dict[str, float]:
