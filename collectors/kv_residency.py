@@ -12,7 +12,7 @@ subset of the blocks (SHARDS), see ReuseTracker.
 Block size: each tier also remembers the `block_size` (tokens per block hash) its resident blocks were
 stored with, so that resident blocks × block_size × KV bytes per token gives the bytes the tier holds.
 Only a size every resident block shares counts (TierState.block_tokens); one run of stores is checked
-at its first and last event, see Residency._note_block_size.
+at its first and last event, see Residency._store.
 
 Speed: the subscriber's whole budget is about a microsecond per block event, so on the usual paths
 no Python statement runs per event: a batch (or a run of consecutive events of one kind and tier) is
@@ -44,10 +44,10 @@ _U64 = 2**64 - 1
 # Mediums whose tier does not depend on locality (tier_of): a batch of them skips the locality check.
 _LOCALITY_BLIND = frozenset({"GPU", "CPU", "gpu", "cpu"})
 # TierState.block_size, besides a positive size shared by every block stored since the tier was last empty:
-BLOCK_SIZE_UNSEEN = 0  # nothing stored since the tier was last empty
+BLOCK_SIZE_UNSEEN = 0  # no block_size read since the tier was last empty (it may hold blocks stored by
+# batches decoded without it: most batches of GPU stores only, see BatchDecoder)
 BLOCK_SIZE_NOT_SENT = -1  # every store carried no usable block_size (vLLM's offload placeholders send 0)
 BLOCK_SIZE_MIXED = -2  # stores carried different sizes: unknown until the tier is empty again
-BLOCK_SIZE_PENDING = -3  # stored only by batches decoded without block_size (GpuStoredEvent) so far
 
 
 def tier_of(medium: str | None, locality: str | None) -> Tier:
@@ -299,8 +299,7 @@ class Residency:
             if events:
                 counts[STORED] += len(events)
                 state = self._tier_cache.get(_GPU_KEY) or self._state_for(*_GPU_KEY)
-                self._store(state, list(chain.from_iterable(map(_HASHES, events))))
-                self._note_block_size(state, events)
+                self._store(state, events)
             return
         n = len(events)
         if n:
@@ -314,8 +313,7 @@ class Residency:
                     and (medium in _LOCALITY_BLIND or countOf(map(_LOCALITY, events), locality) == n)):
                 counts[STORED] += n
                 state = self._tier_cache.get((medium, locality)) or self._state_for(medium, locality)
-                self._store(state, list(chain.from_iterable(map(_HASHES, events))))
-                self._note_block_size(state, events)
+                self._store(state, events)
                 return
         # Mixed batches: consecutive events of one kind with one (medium, locality) form a group, found in
         # C by groupby and applied with one set operation. Groups are applied in order, so a store and a
@@ -335,8 +333,7 @@ class Residency:
                 continue
             state = cache.get((medium, locality)) or self._state_for(medium, locality)
             if kind == STORED:
-                self._store(state, list(chain.from_iterable(map(_HASHES, run))))
-                self._note_block_size(state, run)
+                self._store(state, run)
             else:
                 self._remove(state, list(chain.from_iterable(map(_HASHES, run))))
 
@@ -352,38 +349,27 @@ class Residency:
             state.emptied()
 
     @staticmethod
-    def _store(state: TierState, hashes: list[Any]) -> None:
+    def _store(state: TierState, stores: list[Any]) -> None:
+        """A run of BlockStored events to one tier: residency, counts, reuse distance and block size.
+
+        The block size is read at the run's first and last events only: reading every event costs
+        ~20 ns per event in C, about 5 % of the subscriber's hot path, while two reads cost nothing.
+        Sizes that differ only strictly inside runs whose ends agree with the tier go unseen; in vLLM
+        one pool has one block size (one per KV-cache group), and a tier fed two sizes (LMCache's
+        shorter last chunk, offload placeholders beside self-describing events) shows it at the ends of
+        its runs. A run decoded without block_size (None: most batches of GPU stores only, see
+        BatchDecoder) leaves the tier's size as it is: its blocks are taken to have the size read before
+        or after them.
+        """
+        hashes = list(chain.from_iterable(map(_HASHES, stores)))
         resident = state.resident
         before = len(resident)
         resident.update(hashes)
         state.stored += len(resident) - before  # a store of a resident block is not a new block
         state.reuse.use_many(hashes)
-
-    @staticmethod
-    def _note_block_size(state: TierState, stores: list[Any]) -> None:
-        """Folds the block_size of a run of stores to one tier into the tier's (BLOCK_SIZE_*).
-
-        Only the run's first and last events are read: reading every event costs ~20 ns per event in C,
-        about 5 % of the subscriber's hot path, while two reads cost nothing. Sizes that differ only
-        strictly inside runs whose ends agree with the tier go unseen; in vLLM one pool has one block
-        size (one per KV-cache group), and a tier fed two sizes (LMCache's partial last chunk, offload
-        placeholders beside self-describing events) shows it at the ends of its runs. A run decoded
-        without block_size (None: most batches of GPU stores only, see BatchDecoder) keeps the tier's
-        size, or leaves it pending until a batch that reads it.
-        """
         size = stores[0].block_size
-        current = state.block_size
-        if size is None:
-            if current == BLOCK_SIZE_UNSEEN:
-                state.block_size = BLOCK_SIZE_PENDING
-            return
-        if size == current > 0 and stores[-1].block_size == size:  # the usual case: nothing changes
-            return
-        first, last = _tokens(size), _tokens(stores[-1].block_size)
-        if first != last or current not in (BLOCK_SIZE_UNSEEN, BLOCK_SIZE_PENDING, first):
-            state.block_size = BLOCK_SIZE_MIXED
-        else:
-            state.block_size = first
+        if size is not None and not (size == state.block_size > 0 and stores[-1].block_size == size):
+            _fold_block_size(state, size, stores[-1].block_size)  # not the usual case: the size changes
 
     def set_complete(self, complete: bool) -> None:
         """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""
@@ -400,6 +386,15 @@ class Residency:
             state.resident.clear()
             state.emptied()
             state.reuse.reset()
+
+
+def _fold_block_size(state: TierState, first: Any, last: Any) -> None:
+    """A run of stores whose block_size (at its ends: first, last) is not the tier's known size."""
+    first, last = _tokens(first), _tokens(last)
+    if first != last or state.block_size not in (BLOCK_SIZE_UNSEEN, first):
+        state.block_size = BLOCK_SIZE_MIXED
+    else:
+        state.block_size = first
 
 
 def _tokens(block_size: Any) -> int:
