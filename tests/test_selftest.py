@@ -11,9 +11,9 @@ import pytest
 
 from kvscope.agent.cli import main
 from kvscope.agent.config import load_config
-from kvscope.agent.selftest.checks import USED_BYTES_SKIPPED, Check, Figures, compare
+from kvscope.agent.selftest.checks import Check, Figures, compare
 from kvscope.agent.selftest.harness import agent_config_text
-from kvscope.agent.selftest.plans import SMALL, SharedPromptsPlan
+from kvscope.agent.selftest.plans import SharedPromptsPlan
 from kvscope.agent.selftest.report import as_json, table
 from kvscope.agent.selftest.runner import run_plans
 from kvscope.agent.wiring import components
@@ -42,23 +42,9 @@ def test_selftest_passes_on_the_shared_prompts_scenario(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_used_bytes_per_tier_match_the_engine_once_the_agent_has_the_geometry(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The agent configured with the engine's KV bytes per token exports kvscope_tier_used_bytes, equal to
-    the engine's resident blocks x block bytes in every tier. The line is added to the harness's TOML
-    here only if the harness does not write it itself."""
-    from kvscope.agent.selftest import harness
-
-    written = harness.agent_config_text
-
-    def with_geometry(*args: object, **kwargs: object) -> str:
-        text = written(*args, **kwargs)  # type: ignore[arg-type]
-        if "kv_bytes_per_token" in text:
-            return text
-        return text.replace("[collectors.vllm_kv_events]\n",
-                            f"[collectors.vllm_kv_events]\nkv_bytes_per_token = {SMALL.bytes_per_token}\n")
-
-    monkeypatch.setattr(harness, "agent_config_text", with_geometry)
+def test_used_bytes_per_tier_match_the_engine(tmp_path: Path) -> None:
+    """The agent, configured with the engine's KV bytes per token (the harness writes it, as an operator
+    would), exports kvscope_tier_used_bytes equal to the engine's resident blocks x block bytes per tier."""
     plan = SharedPromptsPlan(requests=6, prompts=6, concurrency=3, prompt_tokens=1024)  # G1, G2, G3 hold blocks
     rows, _, _ = run_plans({"shared-prompts": plan}, tmp_path)
     used = [c for _, c in rows if c.quantity.startswith("used bytes")]
@@ -128,11 +114,12 @@ def test_report_table_and_json() -> None:
     assert doc["passed"] is False and json.loads(json.dumps(doc))["checks"][0]["scenario"] == "shared-prompts"
 
 
-def test_used_bytes_skip_without_the_series_and_are_exact_with_it() -> None:
+def test_used_bytes_are_exact_per_tier_and_missing_ones_are_misses() -> None:
     block = 589_824.0  # gpt-oss-120b, 16-token blocks
     truth = replace(_figures(), used_bytes={"G1": 4 * block, "G2": 0.0, "G3": 0.0, "G4": 12 * block})
-    (skipped,) = [c for c in compare("cache", truth, _figures()) if c.quantity.startswith("used bytes")]
-    assert skipped.passed and skipped.tolerance == USED_BYTES_SKIPPED and math.isnan(skipped.measured)
+    missing = [c for c in compare("cache", truth, _figures()) if c.quantity.startswith("used bytes")]
+    assert len(missing) == 4 and not any(c.passed for c in missing)  # not exported at all: every tier a miss
+    assert all(math.isnan(c.measured) for c in missing)
     measured = replace(_figures(), used_bytes=dict(truth.used_bytes))
     used = [c for c in compare("cache", truth, measured) if c.quantity.startswith("used bytes")]
     assert [c.quantity for c in used] == ["used bytes G1", "used bytes G2", "used bytes G3", "used bytes G4"]
@@ -145,13 +132,14 @@ def test_used_bytes_skip_without_the_series_and_are_exact_with_it() -> None:
 def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
     for device in ("vda", None):
         text = agent_config_text("http://127.0.0.1:8000/metrics", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558",
-                                 "openai/gpt-oss-120b", device, tmp_path / "r.jsonl", 0.2)
+                                 "openai/gpt-oss-120b", device, tmp_path / "r.jsonl", 0.2, 36_864)
         config = load_config(text, components(), environ={})
         enabled = {name for name, (s, _) in config.collectors.items() if s.enabled}
         assert {"vllm", "vllm_kv_events", "otlp_traces"} <= enabled and config.analyses["correlation"][0].enabled
         assert config.exporters.jsonl.enabled and config.exporters.jsonl.path == str(tmp_path / "r.jsonl")
         assert ("disk" in enabled) == (device is not None)
         assert config.collectors["vllm"][1].cache_hit_source_tiers["external_unspecified"] == "G4"
+        assert config.collectors["vllm_kv_events"][1].kv_bytes_per_token == 36_864
 
 
 def test_cli_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,8 +41,6 @@ REQUEST_FRACTION_OF_TTFT = 0.10
 REQUESTS_WITHIN = 0.90
 SAVED_RELATIVE = 0.10
 SUM_RELATIVE = 1e-9
-# the tolerance column of the row that stands for the used-bytes checks when the agent exports none
-USED_BYTES_SKIPPED = "skipped: not exported (vllm_kv_events has no kv_bytes_per_token)"
 
 
 @dataclass
@@ -198,11 +196,8 @@ def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
 
 
 def _used_bytes(run: str, truth: Figures, measured: Figures) -> list[Check]:
-    """Per tier, exact; an absent tier is a miss. An exposition without the metric at all (an agent
-    whose vllm_kv_events collector has no kv_bytes_per_token) is one passing row that says so."""
-    if not measured.used_bytes:
-        total = sum(truth.used_bytes.values())
-        return [Check(run, "used bytes, all tiers", total, math.nan, math.nan, USED_BYTES_SKIPPED, True)]
+    """Per tier, exact; an absent tier is a miss (the harness configures kv_bytes_per_token, so the agent
+    has every factor it needs)."""
     return [_exact(run, f"used bytes {tier}", truth.used_bytes[tier], measured.used_bytes.get(tier, math.nan))
             for tier in sorted(truth.used_bytes)]
 

@@ -100,7 +100,7 @@ def _table(d: dict[str, str]) -> str:
 
 
 def agent_config_text(metrics_url: str, kv_endpoint: str, kv_replay: str, model: str, disk_device: str | None,
-                      requests_jsonl: Path, interval: float) -> str:
+                      requests_jsonl: Path, interval: float, kv_bytes_per_token: int) -> str:
     """The agent's configuration for one reference engine, as an operator would write it."""
     disk = (f"include = [{_toml_str(disk_device)}]  # the disk holding G3/G4" if disk_device
             else "enabled = false  # G3/G4 are not on a block device (tmpfs, overlay)")
@@ -125,6 +125,7 @@ endpoint = {_toml_str(kv_endpoint)}
 replay_endpoint = {_toml_str(kv_replay)}
 engine = "{ENGINE_KIND}"
 model = {_toml_str(model)}
+kv_bytes_per_token = {kv_bytes_per_token}  # the model's KV geometry (kvscope kv-size prints it)
 
 [collectors.otlp_traces]
 enabled = true
@@ -193,7 +194,8 @@ class Harness:
                 raise ValueError("the selftest needs the engine's KV-event endpoint and replay endpoint")
             device = block_device_of(config.data_dir)
             text = agent_config_text(f"{server.url}/metrics", pub.endpoint, pub.replay_endpoint,
-                                     config.served_model_name, device, run_dir / "requests.jsonl", self.interval)
+                                     config.served_model_name, device, run_dir / "requests.jsonl", self.interval,
+                                     config.geometry.bytes_per_token)
             (run_dir / "kvscope.toml").write_text(text)
             # the device slot stands in for the GPU the NVML collector would report (fetch stall)
             device_slot = DeviceSamples(lambda: list(engine.device_intervals), engine.wall_at(engine.clock()),
