@@ -41,16 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 import zmq
 
-from kvscope.collectors.kv_event_schema import (
-    GpuStoresBatch,
-    LegacyBatch,
-    MapBatch,
+from kvscope.agent.reference.vllm_kv_wire import (
     Vllm020Batch,
     Vllm020BlockStored,
     Vllm033Batch,
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
+from kvscope.collectors.kv_event_schema import GpuStoresBatch, LegacyBatch, MapBatch
 from kvscope.collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
 
 EVENTS_PER_BATCH = 32

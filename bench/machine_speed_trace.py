@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import msgspec
 from bench_kv_events import cpu_model, make_payloads, pin_one_core, run_raw
 
-from kvscope.collectors.kv_event_schema import Vllm033Batch
+from kvscope.agent.reference.vllm_kv_wire import Vllm033Batch
 
 
 def main() -> int:

@@ -27,8 +27,8 @@ bytes a tier holds): msgspec then skips the token ids, which are most of the byt
 Python objects for them. That alone is about twice as fast as decoding vLLM's full schema
 (bench/bench_kv_events.py).
 
-The `Vllm033*` and `Vllm020*` structs mirror the publisher's own definitions; they encode fixtures,
-test streams and benchmark load byte-for-byte as those vLLM versions do.
+What vLLM's publisher writes (its structs, used to encode fixtures, test streams and the reference
+engine's events) is agent/reference/vllm_kv_wire.py: the sidecar only decodes.
 """
 
 from __future__ import annotations
@@ -377,78 +377,3 @@ class BatchDecoder:
         if isinstance(tag, str) and tag not in EVENT_TYPES:
             return None, ""
         raise MalformedBatch(f"event does not match the {tag!r} schema")
-
-
-# -- encode side: what the publisher writes --------------------------------------------------------
-
-
-class _Vllm033Event(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class Vllm033BlockStored(_Vllm033Event, tag="BlockStored"):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class Vllm033BlockRemoved(_Vllm033Event, tag="BlockRemoved"):
-    block_hashes: list[BlockHash]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class Vllm033AllBlocksCleared(_Vllm033Event, tag="AllBlocksCleared"):
-    pass
-
-
-class Vllm033Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Vllm033BlockStored | Vllm033BlockRemoved | Vllm033AllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-class _Vllm020Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class Vllm020BlockStored(_Vllm020Event, tag="BlockStored"):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-
-
-class Vllm020BlockRemoved(_Vllm020Event, tag="BlockRemoved"):
-    block_hashes: list[BlockHash]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class Vllm020AllBlocksCleared(_Vllm020Event, tag="AllBlocksCleared"):
-    pass
-
-
-class Vllm020Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Vllm020BlockStored | Vllm020BlockRemoved | Vllm020AllBlocksCleared]
-    data_parallel_rank: int | None = None

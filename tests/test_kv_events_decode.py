@@ -9,11 +9,7 @@ import msgspec
 import pytest
 
 from kvscope.agent.config import ConfigError, load_config
-from kvscope.agent.tiers import Tier
-from kvscope.agent.wiring import components
-from kvscope.collectors.kv_event_schema import (
-    BatchDecoder,
-    MalformedBatch,
+from kvscope.agent.reference.vllm_kv_wire import (
     Vllm020AllBlocksCleared,
     Vllm020Batch,
     Vllm020BlockRemoved,
@@ -23,6 +19,9 @@ from kvscope.collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
+from kvscope.agent.tiers import Tier
+from kvscope.agent.wiring import components
+from kvscope.collectors.kv_event_schema import BatchDecoder, MalformedBatch
 from kvscope.collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
 from kvscope.collectors.vllm_kv_events import NAME, rank_endpoint
 

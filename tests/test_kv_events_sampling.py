@@ -13,6 +13,14 @@ import zmq
 
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.reference.vllm_kv_wire import (
+    Vllm020Batch,
+    Vllm020BlockStored,
+    Vllm033AllBlocksCleared,
+    Vllm033Batch,
+    Vllm033BlockRemoved,
+    Vllm033BlockStored,
+)
 from kvscope.agent.tiers import Tier
 from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import (
@@ -22,12 +30,6 @@ from kvscope.collectors.kv_event_schema import (
     RemovedEvent,
     StoredEvent,
     StoredEventAnyMedium,
-    Vllm020Batch,
-    Vllm020BlockStored,
-    Vllm033AllBlocksCleared,
-    Vllm033Batch,
-    Vllm033BlockRemoved,
-    Vllm033BlockStored,
 )
 from kvscope.collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
 from kvscope.collectors.vllm_kv_events import (

@@ -17,8 +17,7 @@ import pytest
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.contract import KV_RESIDENT_BLOCKS, TIER_USED_BYTES
 from kvscope.agent.readings import Sample
-from kvscope.agent.wiring import components
-from kvscope.collectors.kv_event_schema import (
+from kvscope.agent.reference.vllm_kv_wire import (
     Vllm020Batch,
     Vllm020BlockStored,
     Vllm033AllBlocksCleared,
@@ -26,6 +25,7 @@ from kvscope.collectors.kv_event_schema import (
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
+from kvscope.agent.wiring import components
 from kvscope.collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
 
 FIX = Path(__file__).parent / "fixtures" / "kv_events"

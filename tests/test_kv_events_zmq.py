@@ -15,9 +15,10 @@ import pytest
 import zmq
 
 from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.reference.vllm_kv_wire import Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
 from kvscope.agent.store import Store
 from kvscope.agent.wiring import build_catalogue
-from kvscope.collectors.kv_event_schema import END_SEQ, Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
+from kvscope.collectors.kv_event_schema import END_SEQ
 from kvscope.collectors.vllm_kv_events import NAME, VllmKvEventsCollector, VllmKvEventsOptions
 
 pytestmark = pytest.mark.integration

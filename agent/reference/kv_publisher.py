@@ -23,16 +23,16 @@ import msgspec
 import zmq
 
 from kvscope.agent.reference.tierstore import MEDIUM, BlockEvent
-from kvscope.collectors.kv_event_schema import Vllm033AllBlocksCleared as AllBlocksCleared
-from kvscope.collectors.kv_event_schema import Vllm033Batch as KVEventBatch
-from kvscope.collectors.kv_event_schema import Vllm033BlockRemoved as BlockRemoved
-from kvscope.collectors.kv_event_schema import Vllm033BlockStored as BlockStored
+from kvscope.agent.reference.vllm_kv_wire import Vllm033AllBlocksCleared as AllBlocksCleared
+from kvscope.agent.reference.vllm_kv_wire import Vllm033Batch as KVEventBatch
+from kvscope.agent.reference.vllm_kv_wire import Vllm033BlockRemoved as BlockRemoved
+from kvscope.agent.reference.vllm_kv_wire import Vllm033BlockStored as BlockStored
 
 log = logging.getLogger("kvscope.reference.kv_events")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-# vLLM 0.33's wire structs, shared with the subscriber's schema (byte-exact against the facts' examples)
+# vLLM 0.33's wire structs (vllm_kv_wire.py: byte-exact against the facts' examples)
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
