@@ -22,7 +22,8 @@ from kvscope.agent.reference.vllm_kv_wire import (
 from kvscope.agent.tiers import Tier
 from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import BatchDecoder, MalformedBatch
-from kvscope.collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
+from kvscope.collectors.kv_residency import Residency, tier_of
+from kvscope.collectors.kv_reuse import REUSE_BOUNDS, ReuseTracker
 from kvscope.collectors.vllm_kv_events import NAME, rank_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "kv_events"
