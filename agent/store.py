@@ -5,6 +5,11 @@ total: a source counter that goes backwards (an engine restart, a re-created dev
 its new value counts from zero; a counter of known width that goes backwards is a wrap. Either way
 no delta is ever negative and the exported total never decreases while the series is held.
 
+A value no counter can have (negative, NaN, infinite, at or above its wrap modulus; for a histogram a
+negative or non-finite count or a non-finite sum) is rejected before it touches the series and counted
+in `kvscope_store_invalid_values_total`: the series is left out of that collection, as if the source
+had not reported it, and continues from its last valid value.
+
 No history is kept: the exposition and the analyses read current values only (an analysis that
 needs rates keeps its own previous values).
 
@@ -26,6 +31,7 @@ series that vanishes from a target:
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -55,7 +61,8 @@ class Series:
 @dataclass(slots=True)
 class IngestResult:
     accepted: int = 0
-    rejected: int = 0
+    rejected: int = 0  # not catalogued, or the wrong label count or kind
+    invalid: int = 0  # a value the metric cannot have (a negative or non-finite counter, ...)
     resets: int = 0
 
 
@@ -71,6 +78,21 @@ def _fits(spec: MetricSpec, reading: Reading) -> bool:
     return len(spec.labels) == len(reading.labels) and (
         (spec.type == "histogram") == isinstance(reading, HistogramSample)
     )
+
+
+def _count(value: float) -> bool:
+    """A value a cumulative count can have: finite and not negative (NaN fails both tests)."""
+    return 0.0 <= value < math.inf
+
+
+def _valid(spec: MetricSpec, reading: Reading) -> bool:
+    if isinstance(reading, HistogramSample):
+        return (_count(reading.count) and math.isfinite(reading.sum)
+                and all(_count(n) for _, n in reading.buckets))
+    if spec.type != "counter":
+        return True  # a gauge may be negative, and NaN is a gauge value Prometheus takes
+    modulus = reading.wrap_modulus
+    return _count(reading.value) and (modulus is None or reading.value < modulus)
 
 
 class Store:
@@ -99,6 +121,9 @@ class Store:
                 if spec is None or not _fits(spec, reading):
                     result.rejected += 1
                     continue
+                if not _valid(spec, reading):
+                    result.invalid += 1
+                    continue
                 if series is None:
                     series = self._series[key] = Series(spec, reading.labels)
                 if isinstance(reading, HistogramSample):
@@ -112,6 +137,8 @@ class Store:
                 self._bump_locked("kvscope_source_resets_total", (owner,), result.resets)
             if result.rejected:
                 self._bump_locked("kvscope_store_rejected_readings_total", (owner,), result.rejected)
+            if result.invalid:
+                self._bump_locked("kvscope_store_invalid_values_total", (owner,), result.invalid)
         return result
 
     def collection_failed(self, owner: str, now: float) -> None:
