@@ -63,6 +63,7 @@ def test_a_deeply_nested_frame_is_counted_and_the_stream_goes_on(make_sub: Subsc
     pub.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
 def test_a_socket_thread_that_dies_is_reported_and_started_again(make_sub: Subscribers) -> None:
     pub = Publisher(make_sub.ctx)
     pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # the new thread's subscription shows even if the old one lingers
