@@ -130,3 +130,19 @@ def test_impossible_histograms_are_rejected(store: Store, counts: tuple[float, f
     assert store.ingest("c", [bad], now=1.0).invalid == 1
     assert store.histogram(H, ()) == ((0.1, math.inf), [1.0, 2.0], 0.5, 2.0)
     assert () not in store.values(H)
+
+
+def test_a_last_value_past_the_wrap_modulus_does_not_wrap(store: Store) -> None:
+    """A counter read once without its modulus at 1.8e139 and then with a 32-bit modulus at 5: a "wrap"
+    took the total down to 0 (found by tests/fuzz.py). Only a value below the modulus can wrap."""
+    store.ingest("c", [Sample(C, ("sda",), 1.85e139)], now=0.0)
+    store.ingest("c", [Sample(C, ("sda",), 5.0, 2.0**32)], now=1.0)
+    assert store.value(C, ("sda",)) == 1.85e139 + 5.0  # a reset
+
+
+def test_a_total_past_the_largest_float_is_rejected_not_infinite(store: Store) -> None:
+    store.ingest("c", [Sample(C, ("sda",), 1e308)], now=0.0)
+    store.ingest("c", [Sample(C, ("sda",), 1.0)], now=1.0)  # a reset: 1e308 + 1
+    result = store.ingest("c", [Sample(C, ("sda",), 1.7e308)], now=2.0)  # would pass the largest float
+    assert result.invalid == 1
+    assert store.value(C, ("sda",)) == 1e308 + 1.0 and store.values(C) == {}
