@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export KVSCOPE_REQUIRE_TOOLS ?= 1
 
-.PHONY: all run test lint typecheck unit bench tools gpu-check clean
+.PHONY: all run test lint typecheck unit bench fuzz tools gpu-check clean
 
 all: test
 
@@ -38,6 +38,11 @@ lint: $(STAMP)
 test: $(STAMP) tools lint
 	$(BIN)/pytest
 
+# >= 100,000 inputs into every parser and decoder of the agent's inputs; counts and crashes per target,
+# crashing inputs kept in fuzz-crashes/ (tests/fuzz.py; about a minute on 2 cores)
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz
+
 bench: $(STAMP) tools
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
@@ -45,4 +50,4 @@ gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-crashes
