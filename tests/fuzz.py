@@ -24,7 +24,7 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,6 +177,55 @@ class KvSubscriber:
 def kv_subscriber_handle() -> Target:
     seeds = [b"\x01" + bytes.fromhex(p.read_text().strip()) for p in sorted((FIX / "kv_events").glob("*.hex"))]
     return Target("kv_subscriber_handle", KvSubscriber(), seeds, MSGPACK_TOKENS)
+
+
+class KvReplay:
+    """The sequence rules with a replay endpoint that answers anything: the seqs of its replies (in any
+    order, repeated, far out of range) and their payloads come from the input. Whatever it sends, the
+    loss counters hold together: dropped = replayed + missed."""
+
+    def __init__(self) -> None:
+        self.decoder = BatchDecoder()
+        self.count = 0
+        self.replies: list[tuple[int, bytes]] = []
+        self.collector = self._new()
+
+    def _new(self) -> VllmKvEventsCollector:
+        collector = VllmKvEventsCollector(VllmKvEventsOptions(
+            endpoint="tcp://127.0.0.1:1", replay_endpoint="tcp://127.0.0.1:2", model="fuzz",
+            reuse_max_tracked_blocks=64))
+        collector.receiver.replay = self._replay  # type: ignore[method-assign]  # the ROUTER's answers
+        return collector
+
+    def _replay(self, stream: object, start: int, stop: int | None, malformed: object) -> Iterator[tuple[int, bytes]]:
+        yield from self.replies
+
+    def __call__(self, data: bytes) -> None:
+        self.count += 1
+        if self.count % 2000 == 0:
+            self.collector.close()
+            self.collector = self._new()
+        stream = self.collector.streams[0]
+        expected = stream.expected or 0
+        head, payload = data[:12].ljust(12, b"\0"), data[12:]
+        live_seq = expected + head[0] % 6 - 1 if head[0] < 200 else int.from_bytes(head[:8], "big")
+        self.replies = [((expected + b - 2) % U64 if b < 240 else int.from_bytes(head[4:12], "big"), payload)
+                        for b in head[1:1 + head[11] % 8]]
+        self.collector.handle(stream, [b"", (live_seq % U64).to_bytes(8, "big"), payload])
+        if head[2] % 4 == 0:
+            self.collector._check_tail(stream)
+        assert "internal" not in stream.logged, "an input raised inside the subscriber (counted as malformed)"
+        assert stream.dropped == stream.replayed + stream.missed, (stream.dropped, stream.replayed, stream.missed)
+        assert min(stream.dropped, stream.replayed, stream.missed, stream.rejected, stream.repeated) >= 0
+        assert stream.expected is None or 0 <= stream.expected <= 2**63
+        for state in stream.residency.tiers.values():
+            assert state.stored - state.removed == len(state.resident)
+
+
+def kv_replay() -> Target:
+    seeds = [b"\x01\x01\x04\x00" + bytes(7) + b"\x03" + bytes.fromhex(p.read_text().strip())
+             for p in sorted((FIX / "kv_events").glob("*.hex"))]
+    return Target("kv_replay", KvReplay(), seeds, MSGPACK_TOKENS)
 
 
 def vllm_exposition() -> Target:
@@ -379,7 +428,7 @@ def store_ingest() -> Target:
 
 
 TARGETS: dict[str, Callable[[], Target]] = {f.__name__: f for f in (
-    kv_batch_decode, kv_subscriber_handle, vllm_exposition, exposition_labels, diskstats, net_dev, rdma_port,
+    kv_batch_decode, kv_subscriber_handle, kv_replay, vllm_exposition, exposition_labels, diskstats, net_dev, rdma_port,
     mountstats, llite_stats, mmpmon_fs_io_s, mountinfo, otlp_protobuf, otlp_json, aiperf_exports, store_ingest)}
 
 
