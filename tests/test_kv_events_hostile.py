@@ -209,7 +209,7 @@ def test_a_flood_of_26_kb_batches_stays_within_its_byte_bound_and_every_loss_is_
     print(f"flood: sent {sent} in {seconds} s, applied {applied:.0f}, dropped "
           f"{t['kvscope_kv_events_dropped_total']:.0f} (shed by our queue "
           f"{t['kvscope_kv_events_shed_total']:.0f}), RSS +{growth / 2**20:.1f} MiB, "
-          f"queue peak {sub.receiver.max_queued / 2**20:.1f} MiB")
+          f"queue peak {sub.receiver.max_queued / 2**20:.1f} MiB, first loss counted {first_loss_at} s in")
     assert rate_sent >= 10 * rate_applied, "not a flood: the publisher was not 10x faster than the subscriber"
     assert applied + t["kvscope_kv_events_dropped_total"] == int(sent)
     assert t["kvscope_kv_events_missed_total"] == t["kvscope_kv_events_dropped_total"] > 0
