@@ -192,28 +192,29 @@ class VllmMetricsCollector:
         self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers)
         wanted = wanted_samples()
         self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+    def _start(self, url: str) -> concurrent.futures.Future[Page]:
+        """One fetch on a daemon thread of its own (a resolver stuck on a name must not hold up exit)."""
+        future: concurrent.futures.Future[Page] = concurrent.futures.Future()
+        opts = self._options
+
+        def run() -> None:
+            try:
+                future.set_result(self._fetch(url, opts.scrape_timeout_seconds, opts.max_response_bytes))
+            except BaseException as exc:  # handed to collect(), which counts it on the target
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="vllm-scrape", daemon=True).start()
+        return future
 
     def collect(self) -> list[Reading]:
         opts = self._options
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(len(self._targets), "vllm-scrape")
-            pool = self._pool
         this_cycle: dict[int, concurrent.futures.Future[Page]] = {}
         for i, target in enumerate(self._targets):
             if target.pending is not None and target.pending.done():
                 target.pending = None  # a late answer: counted as a timeout in its own cycle
             if target.pending is None:
-                this_cycle[i] = pool.submit(self._fetch, target.url, opts.scrape_timeout_seconds,
-                                            opts.max_response_bytes)
+                this_cycle[i] = self._start(target.url)
         concurrent.futures.wait(this_cycle.values(), timeout=opts.scrape_timeout_seconds + GRACE_SECONDS)
         readings: list[Reading] = []
         claimed: set[SeriesKey] = set()  # series keys already given by a target

@@ -128,7 +128,6 @@ def test_a_trickling_target_does_not_hold_up_the_collector(servers: list[RawServ
     assert done, "collect() did not return"
     assert _by_target(done[0], "kvscope_scrape_target_up") == {slow.url: 0.0}
     assert _by_target(done[0], "kvscope_scrape_errors_total")[(slow.url, "timeout")] == 1
-    collector.close()
 
 
 def test_hung_targets_cost_neither_the_healthy_ones_series_nor_the_collectors_health(
@@ -178,7 +177,6 @@ def test_a_request_still_running_is_not_repeated_and_its_late_answer_is_dropped(
     assert len(calls) == 2
     assert _by_target(readings, "kvscope_scrape_errors_total")[("http://t/metrics", "timeout")] == 2
     assert any(r.name == "kvscope_kv_lookup_tokens_total" for r in readings)
-    collector.close()
 
 
 def test_a_page_without_its_final_newline_is_read_whole_when_content_length_matched(
@@ -194,7 +192,6 @@ def test_a_page_without_its_final_newline_is_read_whole_when_content_length_matc
     assert sum(_by_target(readings, "kvscope_scrape_errors_total").values()) == 0
     running = {r.labels: r.value for r in readings if isinstance(r, Sample) and r.name == "kvscope_requests_running"}
     assert running[("vllm", "last-line", "0")] == 7.0
-    collector.close()
 
 
 def test_a_histogram_with_only_sum_and_count_is_dropped_and_counted() -> None:
@@ -206,7 +203,6 @@ def test_a_histogram_with_only_sum_and_count_is_dropped_and_counted() -> None:
     readings = collector.collect()
     assert not [r for r in readings if isinstance(r, HistogramSample)]
     assert _by_target(readings, "kvscope_scrape_malformed_lines_total") == {"http://t/metrics": 2.0}
-    collector.close()
 
 
 def _without(body: bytes, *families: str) -> bytes:
