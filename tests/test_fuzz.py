@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import TARGETS, Target, check, mutate
+from tests.fuzz_mutations import Target, check, mutate
+from tests.fuzz_targets import TARGETS
 
 EXAMPLES = 100
 _targets: dict[str, Target] = {}
