@@ -12,7 +12,7 @@ all: test
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,web,reference]'
+	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards]'
 	touch $@
 
 # promtool (tests), node_exporter and fio (benchmarks) from Debian's packages when missing.
