@@ -83,9 +83,12 @@ def build() -> Dashboard:
         timeseries_panel("Counter resets and rejected readings", (
             "Source counters that went backwards and were taken as restarts (kvscope_source_resets_total) and "
             "readings the store rejected as uncatalogued or malformed (kvscope_store_rejected_readings_total), "
-            "per second, by collector."), "cps",
-            [Query(_rate("kvscope_source_resets_total", "collector"), "{{collector}} resets"),
-             Query(_rate("kvscope_store_rejected_readings_total", "collector"), "{{collector}} rejected")], span=8),
+            "per second over the selected pods. Both series appear with their first event; until then the "
+            "panel shows 0."), "cps",
+            [Query(f"sum(rate(kvscope_source_resets_total{{{HOST}}}[$__rate_interval])) or vector(0)",
+                   "counter resets"),
+             Query(f"sum(rate(kvscope_store_rejected_readings_total{{{HOST}}}[$__rate_interval])) or vector(0)",
+                   "rejected readings")], span=8),
     ]
     return build_dashboard(
         "kvscope / Agent health", UID,

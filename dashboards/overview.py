@@ -34,7 +34,8 @@ def build() -> Dashboard:
             "over the time range: the correlation engine's counterfactual TTFT (cache=without) over the measured "
             "TTFT (cache=with) of the same requests (kvscope_counterfactual_ttft_seconds_total)."), "suffix:×",
             [Query(f'sum(increase(kvscope_counterfactual_ttft_seconds_total{{{ENGINE}, cache="without"}}[$__range]))'
-                   f' / sum(increase(kvscope_counterfactual_ttft_seconds_total{{{ENGINE}, cache="with"}}[$__range]))')],
+                   f' / (sum(increase(kvscope_counterfactual_ttft_seconds_total{{{ENGINE}, cache="with"}}[$__range]))'
+                   " > 0)")],
             decimals=2),
         stat_panel("Lookups per second", (
             "Prompt tokens the selected engines looked up in their KV hierarchy per second "
