@@ -166,9 +166,14 @@ def test_the_image_runs_as_a_non_root_user_on_a_read_only_root() -> None:
         assert (ROOT / source).exists() and source not in ignored, source
     agent_port = _agent_config().exporters.prometheus.listen.rsplit(":", 1)[1]
     assert agent_port in re.search(r"^EXPOSE (.+)$", dockerfile, re.M).group(1).split()  # type: ignore[union-attr]
+    named = set(_compose().get("volumes", {}))
     for name, service in _compose()["services"].items():
         if service.get("image") == "kvscope:demo":
             assert service.get("read_only") is True and "/tmp" in service.get("tmpfs", []), name
+            for volume in service.get("volumes", []):
+                source, target = volume.split(":")[:2]
+                if source in named:  # a new volume takes the owner of the image's folder: the non-root user
+                    assert re.search(rf"mkdir {target} && chown {user} {target}", dockerfile), (name, target)
 
 
 def test_the_load_generator_builds_fixed_prompts() -> None:
