@@ -100,11 +100,14 @@ def build() -> Dashboard:
             "engine's KV events (kvscope_kv_resident_blocks). Absent while residency is unknown (the agent "
             "joined late or lost event batches; see Agent health)."), "suffix: blocks",
             [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}")], span=8),
-        bargauge_panel("Capacity per tier (bytes)", (
-            "KV capacity of each tier in bytes as the engine's configuration gives it "
-            "(kvscope_tier_capacity_bytes), summed over the selected pods."), "bytes",
-            [Query(f"sum by (tier) (kvscope_tier_capacity_bytes{{{ENGINE}, {TIER}}})", "{{tier}}", instant=True)],
-            span=8),
+        timeseries_panel("Used bytes and capacity per tier", (
+            "KV bytes resident in each tier (kvscope_tier_used_bytes: resident blocks from the KV events × "
+            "tokens per block × the configured kv_bytes_per_token) against the tier's capacity as the engine's "
+            "configuration gives it (kvscope_tier_capacity_bytes, dashed), summed over the selected pods."),
+            "bytes",
+            [Query(f"sum by (tier) (kvscope_tier_used_bytes{{{ENGINE}, {TIER}}})", "{{tier}} used"),
+             Query(f"sum by (tier) (kvscope_tier_capacity_bytes{{{ENGINE}, {TIER}}})", "{{tier}} capacity")],
+            dashed=[1], span=8),
         bargauge_panel("Capacity per tier (tokens)", (
             "KV capacity of each tier in tokens as the engine reports it (kvscope_tier_capacity_tokens), "
             "summed over the selected pods."), "suffix: tokens",

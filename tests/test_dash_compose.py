@@ -23,6 +23,7 @@ import yaml
 from jsonschema import Draft7Validator
 
 from kvscope.agent.config import load_config
+from kvscope.agent.reference.geometry import KVGeometry
 from kvscope.agent.wiring import components
 from tests.conftest import require_tool
 
@@ -138,6 +139,9 @@ def test_the_agent_config_loads_and_points_at_the_engine_service() -> None:
     assert events.replay_endpoint.rsplit(":", 1)[1] in re.search(r"--kv-events-replay=(\S+)", command).group(1)  # type: ignore[union-attr]
     otlp_port = config.collectors["otlp_traces"][1].listen.rsplit(":", 1)[1]
     assert f"--otlp-traces-endpoint=http://kvscope:{otlp_port}" in command
+    flags = {k: int(v) for k, v in re.findall(r"--(layers|kv-heads|head-dim)=(\d+)", command)}
+    geometry = KVGeometry("demo", flags["layers"], flags["kv-heads"], flags["head-dim"])
+    assert events.kv_bytes_per_token == geometry.bytes_per_token  # used bytes per tier are exact
 
 
 def test_grafana_provisions_the_datasource_and_the_dashboards() -> None:

@@ -51,10 +51,10 @@ from kvscope.agent.reference.tracing import RequestTracer
 from kvscope.agent.selftest.plans import SharedPromptsPlan
 from kvscope.agent.wiring import Agent, build_agent, components
 from kvscope.collectors.gpu_nvml import NvmlCollector
-from kvscope.collectors.gpu_nvml_replay import NvmlReplay
-from kvscope.collectors.sysfs import block_device_of
+from kvscope.collectors.host_inputs import block_device_of
 from kvscope.dashboards.build import DASHBOARDS
 from tests.conftest import FIXTURES, require_tool
+from tests.nvml_replay import NvmlReplay
 from tests.promql_names import substitute
 
 ROOT = Path(__file__).resolve().parents[1]

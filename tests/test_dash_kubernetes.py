@@ -17,6 +17,7 @@ import yaml
 from jsonschema import Draft7Validator
 
 from kvscope.agent.config import load_config
+from kvscope.agent.reference.geometry import preset
 from kvscope.agent.wiring import components
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +104,9 @@ def test_vllm_and_kvscope_agree_on_every_endpoint() -> None:
     port = re.search(r"--port=(\d+)", args).group(1)  # type: ignore[union-attr]
     assert config.collectors["vllm"][1].urls == [f"http://localhost:{port}/metrics"]
     assert {p["containerPort"] for p in vllm["ports"]} == {int(port)}
+    model = re.search(r"--model=(\S+)", args).group(1)  # type: ignore[union-attr]
+    assert events_model(config) == model
+    assert config.collectors["vllm_kv_events"][1].kv_bytes_per_token == preset("gpt-oss-120b").bytes_per_token
     kv = json.loads(re.search(r"--kv-events-config=(\{.*?\})(?: --|$)", args).group(1))  # type: ignore[union-attr]
     assert kv["enable_kv_cache_events"] is True
     events = config.collectors["vllm_kv_events"][1]
@@ -111,6 +115,12 @@ def test_vllm_and_kvscope_agree_on_every_endpoint() -> None:
     otlp = config.collectors["otlp_traces"][1].listen.rsplit(":", 1)[1]
     assert f"--otlp-traces-endpoint=http://localhost:{otlp}/v1/traces" in args
     assert {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"} in vllm["env"]
+
+
+def events_model(config: Any) -> str:
+    model: str = config.collectors["vllm_kv_events"][1].model
+    assert config.collectors["otlp_traces"][1].model == model
+    return model
 
 
 def test_the_monitor_and_the_service_reach_the_metrics_port() -> None:
