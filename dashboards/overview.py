@@ -23,7 +23,7 @@ def build() -> Dashboard:
             "unattributed hits), over the last 5 minutes, for the selected pods. From the engine's prefix-cache "
             "counters (kvscope_kv_hit_tokens_total / kvscope_kv_lookup_tokens_total)."), "percentunit",
             [Query(f"sum(kvscope:kv_hit_tokens:rate5m{{{ENGINE}}})"
-                   f" / sum(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}})")]),
+                   f" / (sum(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)")]),
         stat_panel("Prefill time the cache saved", (
             "Recompute time the cache avoided over the dashboard's time range, summed over the selected pods: "
             "for each request that reused tokens, the fitted cost of computing its whole prompt minus what its "

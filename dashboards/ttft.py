@@ -16,7 +16,8 @@ def _quantile(q: str, metric: str) -> str:
 def _split(per: str) -> str:
     """Attributed seconds per component over the TTFT histogram's `sum` (a share) or `count` (per request)."""
     return (f"sum by (component) (rate(kvscope_ttft_attributed_seconds_total{{{ENGINE}}}[$__rate_interval]))"
-            f" / ignoring(component) group_left() sum(rate(kvscope_ttft_seconds_{per}{{{ENGINE}}}[$__rate_interval]))")
+            f" / ignoring(component) group_left()"
+            f" (sum(rate(kvscope_ttft_seconds_{per}{{{ENGINE}}}[$__rate_interval])) > 0)")
 
 
 def build() -> Dashboard:
@@ -30,7 +31,7 @@ def build() -> Dashboard:
         stat_panel("Mean TTFT", (
             "Mean time to first token: the TTFT histogram's sum over its count (kvscope_ttft_seconds)."), "s",
             [Query(f"sum(rate(kvscope_ttft_seconds_sum{{{ENGINE}}}[$__rate_interval]))"
-                   f" / sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval]))")]),
+                   f" / (sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval])) > 0)")]),
         stat_panel("First tokens per second", (
             "Requests that produced their first token per second (count of the TTFT histogram, "
             "kvscope_ttft_seconds_count)."), "reqps",
@@ -57,7 +58,8 @@ def build() -> Dashboard:
             [Query(f"kvscope:ttft_fetch_share:ratio_rate5m{{{ENGINE}}}", "fetch share {{instance}}"),
              Query(_quantile("0.5", "kvscope_ttft_fetch_share_ratio"), "median request's fetch share"),
              Query(f"sum(rate(kvscope_prompt_tokens_total{{{ENGINE}}}[$__rate_interval]))"
-                   f" / sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval]))", "mean prompt tokens")],
+                   f" / (sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval])) > 0)",
+                   "mean prompt tokens")],
             right_axis={2: "suffix: tokens"}),
         timeseries_panel("Break-even against measured fetch bandwidth per tier", (
             "Solid: the fetch bandwidth each tier achieved (recording rule "
