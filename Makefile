@@ -12,7 +12,7 @@ all: test
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards]'
+	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards,otlp,otlp-grpc]'
 	touch $@
 
 # promtool and prometheus, amtool and alertmanager (tests), node_exporter and fio (benchmarks) from Debian's
