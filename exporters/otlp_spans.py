@@ -17,6 +17,7 @@ builds the spans and exports them in batches; a slow or dead collector holds onl
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -47,7 +48,8 @@ EXPORT_DELAY = 1.0  # seconds a partial batch waits (the analysis hands over one
 
 
 def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
+    # sources validate their timings; a non-finite one that slipped through must not fail a whole batch
+    return round(seconds * 1e9) if math.isfinite(seconds) else 0
 
 
 def request_attributes(result: AttributedRequest) -> dict[str, AttributeValue]:

@@ -83,6 +83,14 @@ def test_without_the_engine_span_a_trace_of_its_own_and_tiers_as_events() -> Non
     assert "kvscope.kv.fetch.bytes" not in attrs  # G2's bytes are unknown: no total is made up
 
 
+def test_a_timing_that_is_not_finite_builds_spans_all_the_same() -> None:
+    broken = result()
+    broken = AttributedRequest(broken.record, Attribution(2.0, {"fetch": Part(float("nan"), "estimated")}),
+                               None, None)
+    spans = build(broken)
+    assert set(spans) == {ROOT, "kvscope.fetch"}
+
+
 class Exporter(SpanExporter):
     def __init__(self, answer: SpanExportResult = SpanExportResult.SUCCESS, block: bool = False) -> None:
         self.answer, self.release = answer, threading.Event()
