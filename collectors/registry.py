@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvscope.agent.pipeline import CollectorSpec
 from kvscope.collectors import (
     disk,
+    dynamo_kvbm,
     gpfs,
     lustre,
     network,
@@ -30,6 +31,7 @@ _SPECS: list[CollectorSpec] = [
     NVML_SPEC,
     vllm_metrics.SPEC,
     vllm_kv_events.SPEC,
+    dynamo_kvbm.SPEC,
     otlp_traces.SPEC,
 ]
 
