@@ -73,6 +73,7 @@ KV_BLOCK_SIZE_TOKENS = "kvscope_kv_block_size_tokens"
 PREEMPTIONS = "kvscope_preemptions_total"
 KV_LOAD_SECONDS = "kvscope_kv_load_seconds"
 KV_STORE_SECONDS = "kvscope_kv_store_seconds"
+KV_CACHED_TOKENS = "kvscope_kv_cached_tokens_total"
 
 ENGINE_EXTRA_METRICS = (
     counter(KV_TRANSFER_BLOCKS, "blocks", (*_E, "src", "dst"),
@@ -103,6 +104,9 @@ ENGINE_EXTRA_METRICS = (
           "from.", "engine config"),
     counter(PREEMPTIONS, "", _E,
             "Requests preempted (vLLM) or retracted (SGLang) because KV space ran out: KV pressure.", "engine"),
+    counter(KV_CACHED_TOKENS, "tokens", _E,
+            "Prompt tokens served from the KV cache, all tiers together, as a frontend counts them per request "
+            "(Dynamo); the split by tier is kvscope_kv_hit_tokens_total from the engine adapters.", "engine"),
     histogram(KV_LOAD_SECONDS, "seconds", _E,
               "Time of each load of KV from a connector's tiers toward G1, as the connector times it (LMCache "
               "retrieve).", "engine"),

@@ -29,7 +29,7 @@ from kvscope.agent import contract as c
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.engine_map import EngineNormaliser, Normalised
-from kvscope.collectors.engine_scrape import MIB, SCRAPE_METRICS, PageScraper, check_scrape_limits, check_targets
+from kvscope.collectors.engine_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
 from kvscope.collectors.exposition_scan import ExpositionScanner, ScanResult
 from kvscope.collectors.host_inputs import read_text
 from kvscope.collectors.kvbm_map import LEGACY_PREFIX, PREFIX, KvbmLabels, dialect
@@ -50,9 +50,8 @@ METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
 
 
 @dataclass
-class KvbmOptions:
-    urls: list[str] = field(default_factory=list)  # e.g. ["http://127.0.0.1:6880/metrics"]
-    engine: str = "dynamo"  # the `engine` label (engine kind)
+class KvbmOptions(ScrapeOptions):
+    engine: str = "dynamo"  # urls: the KVBM leader's page, e.g. http://127.0.0.1:6880/metrics
     model: str = ""  # the `model` label: KVBM's series carry none
     disk_cache_dir: str = ""  # "" = $DYN_KVBM_DISK_CACHE_DIR as the agent sees it, else the temp directory
     disk_tier: Literal["auto", "G3", "G4"] = "auto"  # auto: from the type of the mount holding disk_cache_dir
@@ -61,14 +60,9 @@ class KvbmOptions:
     block_tokens: int = 0  # tokens per KVBM block; 0 = learn from geometry_url
     geometry_url: str = ""  # the vLLM worker's or Dynamo frontend's /metrics, to learn block_tokens from
     kv_bytes_per_token: int = 0  # the model's KV bytes per token; 0 = unknown (no bytes, blocks only)
-    scrape_timeout_seconds: float = 2.0
-    max_response_bytes: int = 8 * MIB
 
     def validate(self, path: str) -> None:
-        check_targets(self.urls, NAME)
-        check_scrape_limits(self.scrape_timeout_seconds, self.max_response_bytes)
-        if not self.engine:
-            raise ValueError("engine: must not be empty")
+        self.check_scrape(NAME)
         if self.disk_cache_dir and not os.path.isabs(self.disk_cache_dir):
             raise ValueError(f"disk_cache_dir: must be an absolute path, got {self.disk_cache_dir!r}")
         if self.block_tokens < 0 or self.kv_bytes_per_token < 0:

@@ -25,6 +25,25 @@ SCRAPE_METRICS: tuple[MetricSpec, ...] = tuple(m for m in METRICS if m.name.star
 MIB = 1 << 20
 
 
+@dataclass
+class ScrapeOptions:
+    """The options every engine adapter built on this module has (its section adds its own)."""
+
+    urls: list[str] = field(default_factory=list)  # the engine's /metrics pages
+    engine: str = ""  # the `engine` label (engine kind); each adapter sets its default
+    scrape_timeout_seconds: float = 2.0  # whole request per target: connect, headers and body
+    max_response_bytes: int = 8 * MIB  # a larger body fails that target (kind="too_large")
+
+    def check_scrape(self, what: str) -> None:
+        check_targets(self.urls, what)
+        if self.scrape_timeout_seconds <= 0:
+            raise ValueError(f"scrape_timeout_seconds: must be > 0, got {self.scrape_timeout_seconds}")
+        if self.max_response_bytes < 1024:
+            raise ValueError(f"max_response_bytes: must be >= 1024, got {self.max_response_bytes}")
+        if not self.engine:
+            raise ValueError("engine: must not be empty")
+
+
 def check_targets(urls: list[str], what: str) -> None:
     """Config validation shared by the engine adapters: at least one URL, each http(s), none twice."""
     if not urls:
@@ -33,13 +52,6 @@ def check_targets(urls: list[str], what: str) -> None:
         check_url(url)
     if len(set(urls)) != len(urls):
         raise ValueError("urls: a URL is listed twice")
-
-
-def check_scrape_limits(timeout: float, max_bytes: int) -> None:
-    if timeout <= 0:
-        raise ValueError(f"scrape_timeout_seconds: must be > 0, got {timeout}")
-    if max_bytes < 1024:
-        raise ValueError(f"max_response_bytes: must be >= 1024, got {max_bytes}")
 
 
 @dataclass

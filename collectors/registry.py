@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvscope.agent.pipeline import CollectorSpec
 from kvscope.collectors import (
     disk,
+    dynamo_frontend,
     dynamo_kvbm,
     gpfs,
     lustre,
@@ -32,6 +33,7 @@ _SPECS: list[CollectorSpec] = [
     vllm_metrics.SPEC,
     vllm_kv_events.SPEC,
     dynamo_kvbm.SPEC,
+    dynamo_frontend.SPEC,
     otlp_traces.SPEC,
 ]
 

@@ -97,3 +97,15 @@ def fixture_module(folder: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def canonical(text: str) -> str:
+    """An exposition with the sample lines of each family sorted: the exporter orders series by their label
+    values, which carry loopback ports that differ between runs."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("# HELP") or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    return "".join("\n".join([*(b for b in block if b.startswith("#")),
+                              *sorted(b for b in block if not b.startswith("#"))]) + "\n" for block in blocks)
