@@ -31,10 +31,9 @@ from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.engine_map import EngineNormaliser, Normalised
 from kvscope.collectors.engine_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
 from kvscope.collectors.exposition_scan import ExpositionScanner, ScanResult
-from kvscope.collectors.host_inputs import read_text
 from kvscope.collectors.kvbm_map import LEGACY_PREFIX, PREFIX, KvbmLabels, dialect
-from kvscope.collectors.shared_fs import parse_mountinfo, under_root
-from kvscope.collectors.storage_placement import Placement, place
+from kvscope.collectors.shared_fs import under_root
+from kvscope.collectors.storage_placement import Placement, place_from, placement_info
 from kvscope.collectors.vllm_metrics import Fetcher, ScrapeError, check_url, http_fetch
 
 log = logging.getLogger("kvscope.collectors.dynamo_kvbm")
@@ -110,8 +109,7 @@ class KvbmCollector:
         self._learn_block_size()
         readings = self._scraper.collect()
         o = self._options
-        readings.append(Sample(c.TIER_PLACEMENT_INFO, (o.engine, POOL, placement.tier.value, placement.path,
-                                                       placement.mount, placement.fstype, placement.decided_by), 1.0))
+        readings.append(placement_info(o.engine, POOL, placement))
         if self._block_tokens:
             readings.append(Sample(c.KV_BLOCK_SIZE_TOKENS, (o.engine, o.model, "0", self._block_source),
                                    float(self._block_tokens)))
@@ -122,14 +120,10 @@ class KvbmCollector:
         if self._placement is not None and self._placement.decided_by != "default":
             return self._placement
         o = self._options
-        try:
-            mounts = parse_mountinfo(read_text(self._mountinfo)) if o.disk_tier == "auto" else []
-        except OSError as exc:
-            mounts = []
-            if self._placement is None:
-                log.warning("cannot read the mount table %s (%s): KVBM's disk pool %s is taken as G3 until it can "
-                            "be read; set disk_tier to decide", self._mountinfo, exc, self._dir)
-        placement = place(self._dir, mounts, o.disk_tier, o.network_fstypes)
+        placement, error = place_from(self._dir, self._mountinfo, o.disk_tier, o.network_fstypes)
+        if error is not None and self._placement is None:
+            log.warning("cannot read the mount table %s (%s): KVBM's disk pool %s is taken as G3 until it can be "
+                        "read; set disk_tier to decide", self._mountinfo, error, self._dir)
         if placement != self._placement:
             log.info("KVBM disk pool %s is %s (%s: mount %s, type %s)", placement.path, placement.tier,
                      placement.decided_by, placement.mount or "-", placement.fstype or "-")

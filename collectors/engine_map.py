@@ -43,8 +43,8 @@ BaseOf = Callable[[Labels], tuple[str, str, str] | None]
 class Rule:
     name: str  # the engine family's name after the prefix, with `_total` where the engine writes it
     metric: str  # kvscope series it feeds
-    extra: Extra = ()  # fixed extra label values (when `label` is empty)
-    label: str = ""  # engine label whose value gives the extra labels through resolver `resolve`
+    extra: Extra = ()  # fixed extra label values; a resolver's values follow them
+    label: str = ""  # engine label whose value gives more extra labels (or skips the sample) through `resolve`
     resolve: str = ""
     unit: str = ""  # factor the value is multiplied by (FIXED_UNITS or a run-time factor)
     shards: Literal["lowest", "sum"] = "lowest"
@@ -132,7 +132,7 @@ class EngineNormaliser:
                     resolved = resolver(labels.get(rule.label, ""))
                     if resolved is None:
                         continue
-                    extra, priority = resolved[0], max(priority, resolved[1])
+                    extra, priority = (*extra, *resolved[0]), max(priority, resolved[1])
                 key = (self.engine, base[0], base[1])
                 entries.append((key, rule.group, rule.rank, rule.metric, (*key, *extra), priority, value * factor))
         out.readings.extend(resolve_entries(entries))

@@ -14,6 +14,7 @@ from kvscope.collectors import (
     otlp_traces,
     process,
     rdma,
+    sglang,
     vllm_kv_events,
     vllm_metrics,
 )
@@ -34,6 +35,7 @@ _SPECS: list[CollectorSpec] = [
     vllm_kv_events.SPEC,
     dynamo_kvbm.SPEC,
     dynamo_frontend.SPEC,
+    sglang.SPEC,
     otlp_traces.SPEC,
 ]
 

@@ -4,7 +4,7 @@ An engine's "disk" pool (Dynamo KVBM's `DYN_KVBM_DISK_CACHE_DIR`, a file backend
 directory sits on a local file system and G4 when it sits on a network or parallel one — the seeds' system
 put KVBM's disk pool on IBM Storage Scale, so its "disk" blocks are G4 blocks. The decision is made from
 the type of the mount holding the directory, read from a mount table (`<proc_root>/self/mountinfo`), and
-can be overridden in config. Pure functions of the mount table; the caller reads the file.
+can be overridden in config. `place` is a pure function of the mount table; `place_from` reads it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvscope.agent import contract as c
+from kvscope.agent.readings import Sample
 from kvscope.agent.tiers import Tier
-from kvscope.collectors.shared_fs import MountEntry
+from kvscope.collectors.host_inputs import read_text
+from kvscope.collectors.shared_fs import MountEntry, parse_mountinfo
 
 # Network and parallel file systems: a pool on one of these is shared storage (G4).
 NETWORK_FSTYPES = frozenset({
@@ -70,3 +73,19 @@ def place(path: str, mounts: Iterable[MountEntry], override: str = "auto",
         return Placement(Tier.G3, path, "", "", "default")
     tier = Tier.G4 if is_network_fstype(fstype, network_fstypes) else Tier.G3
     return Placement(tier, path, mount, fstype, "mount_type")
+
+
+def place_from(path: str, mountinfo: str, override: str = "auto",
+               network_fstypes: Iterable[str] = ()) -> tuple[Placement, OSError | None]:
+    """`place` over the mount table at `mountinfo` (not read when config decides); an unreadable table is the
+    default placement, with the error for the caller to report."""
+    if override != "auto":
+        return place(path, [], override), None
+    try:
+        return place(path, parse_mountinfo(read_text(mountinfo)), override, network_fstypes), None
+    except OSError as exc:
+        return place(path, []), exc
+
+
+def placement_info(engine: str, pool: str, p: Placement) -> Sample:
+    return Sample(c.TIER_PLACEMENT_INFO, (engine, pool, p.tier.value, p.path, p.mount, p.fstype, p.decided_by), 1.0)
