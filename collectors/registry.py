@@ -8,6 +8,7 @@ from kvscope.collectors import (
     dynamo_frontend,
     dynamo_kvbm,
     gpfs,
+    lmcache,
     lustre,
     network,
     nfs,
@@ -36,6 +37,7 @@ _SPECS: list[CollectorSpec] = [
     dynamo_kvbm.SPEC,
     dynamo_frontend.SPEC,
     sglang.SPEC,
+    lmcache.SPEC,
     otlp_traces.SPEC,
 ]
 
