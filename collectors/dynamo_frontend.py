@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from kvscope.agent import contract as c
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.readings import Sample
 from kvscope.collectors.engine_map import Dialect, EngineNormaliser, HistogramRule, Normalised, Rule
-from kvscope.collectors.engine_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
+from kvscope.collectors.engine_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.exposition_scan import Labels, ScanResult
 from kvscope.collectors.kvbm_map import LEGACY_NAMESPACE
 from kvscope.collectors.vllm_map import REQUESTS_FINISHED, USAGE_RATIO
@@ -99,15 +99,12 @@ class DynamoNormaliser:
         return DIALECT.wanted() | {PREFIX + TOTAL_BLOCKS, PREFIX + BLOCK_SIZE}
 
 
-class DynamoCollector:
+class DynamoCollector(EngineCollector):
     def __init__(self, options: DynamoOptions, fetch: Fetcher | None = None) -> None:
         normaliser = DynamoNormaliser(options.engine)
-        self._scraper = PageScraper(NAME, options.urls, (PREFIX,), normaliser.wanted(),
-                                    lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
-                                    options.max_response_bytes, fetch)
-
-    def collect(self) -> list[Reading]:
-        return self._scraper.collect()
+        super().__init__(PageScraper(NAME, options.urls, (PREFIX,), normaliser.wanted(),
+                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
+                                     options.max_response_bytes, fetch), options.engine)
 
 
 def _factory(options: DynamoOptions, context: CollectorContext) -> DynamoCollector:

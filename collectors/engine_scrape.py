@@ -17,6 +17,7 @@ from kvscope.agent.catalogue import MetricSpec
 from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.engine_map import Normalised
 from kvscope.collectors.exposition_scan import ExpositionScanner, ScanResult
+from kvscope.collectors.storage_placement import Placement, placement_info
 from kvscope.collectors.vllm_metrics import ERROR_KINDS, METRICS, Fetcher, ScrapeError, check_url, http_fetch
 
 log = logging.getLogger("kvscope.collectors.engines")
@@ -127,3 +128,17 @@ class PageScraper:
             if target.errors["duplicate_series"] == 1:
                 log.warning("%s target %s: %d series already reported by another target were dropped; give "
                             "each target distinct engines", self.collector, target.url, duplicates)
+
+
+class EngineCollector:
+    """An engine adapter: its pages, plus `kvscope_tier_placement_info` for its storage pool when it has one."""
+
+    def __init__(self, scraper: PageScraper, engine: str, pool: str = "", placement: Placement | None = None) -> None:
+        self._scraper = scraper
+        self._engine, self._pool, self._placement = engine, pool, placement
+
+    def collect(self) -> list[Reading]:
+        readings = self._scraper.collect()
+        if self._placement is not None:
+            readings.append(placement_info(self._engine, self._pool, self._placement))
+        return readings

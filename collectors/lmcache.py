@@ -31,12 +31,10 @@ from typing import Literal
 
 from kvscope.agent import contract as c
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.readings import Reading
 from kvscope.collectors.engine_map import Dialect, EngineNormaliser, HistogramRule, Rule
-from kvscope.collectors.engine_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
+from kvscope.collectors.engine_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.exposition_scan import Labels
-from kvscope.collectors.shared_fs import under_root
-from kvscope.collectors.storage_placement import Placement, place_from, placement_info
+from kvscope.collectors.storage_placement import place_pool
 from kvscope.collectors.vllm_metrics import Fetcher
 
 NAME = "lmcache"
@@ -92,26 +90,15 @@ class LmcacheOptions(ScrapeOptions):
             raise ValueError(f"local_disk_dir: must be an absolute path, got {self.local_disk_dir!r}")
 
 
-class LmcacheCollector:
+class LmcacheCollector(EngineCollector):
     def __init__(self, options: LmcacheOptions, proc_root: str = "/proc", fetch: Fetcher | None = None) -> None:
-        self._options = options
-        self._placement: Placement | None = None
-        disk_tier = "G3"
-        if options.local_disk_dir:
-            self._placement, _ = place_from(os.path.normpath(options.local_disk_dir),
-                                            under_root(proc_root, options.mountinfo))
-            disk_tier = self._placement.tier.value
-        table = dialect(options.hit_tier, disk_tier, options.remote_tier, options.engine_totals)
+        placement = place_pool(options.local_disk_dir, proc_root, options.mountinfo)
+        table = dialect(options.hit_tier, placement.tier.value if placement else "G3", options.remote_tier,
+                        options.engine_totals)
         normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
-        self._scraper = PageScraper(NAME, options.urls, (PREFIX,), table.wanted(),
-                                    lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
-                                    options.max_response_bytes, fetch)
-
-    def collect(self) -> list[Reading]:
-        readings = self._scraper.collect()
-        if self._placement is not None:
-            readings.append(placement_info(self._options.engine, POOL, self._placement))
-        return readings
+        super().__init__(PageScraper(NAME, options.urls, (PREFIX,), table.wanted(),
+                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
+                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
 
 
 def _factory(options: LmcacheOptions, context: CollectorContext) -> LmcacheCollector:

@@ -3,17 +3,15 @@ normalised to the engine contract. The table and its reasoning: collectors/sglan
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kvscope.agent import contract as c
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.readings import Reading
 from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.engine_map import EngineNormaliser, Normalised, Resolver
-from kvscope.collectors.engine_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
+from kvscope.collectors.engine_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.exposition_scan import ScanResult
 from kvscope.collectors.sglang_map import (
     DEFAULT_BACKEND_TIERS,
@@ -23,13 +21,10 @@ from kvscope.collectors.sglang_map import (
     sglang_labels,
     storage_backends,
 )
-from kvscope.collectors.shared_fs import under_root
-from kvscope.collectors.storage_placement import Placement, place_from, placement_info
+from kvscope.collectors.storage_placement import place_pool
 from kvscope.collectors.vllm_map import USAGE_RATIO, TierTable
 from kvscope.collectors.vllm_metrics import METRICS as VLLM_METRICS
 from kvscope.collectors.vllm_metrics import Fetcher
-
-log = logging.getLogger("kvscope.collectors.sglang")
 
 NAME = "sglang"
 POOL = "sglang_hicache_file"
@@ -99,27 +94,13 @@ class SglangNormaliser:
         return normaliser.normalise(page, {"token_bytes": self._token_bytes})
 
 
-class SglangCollector:
+class SglangCollector(EngineCollector):
     def __init__(self, options: SglangOptions, proc_root: str = "/proc", fetch: Fetcher | None = None) -> None:
-        self._options = options
-        self._placement: Placement | None = None
-        file_tier = "G3"
-        if options.file_storage_dir:
-            mountinfo = under_root(proc_root, options.mountinfo)
-            self._placement, error = place_from(os.path.normpath(options.file_storage_dir), mountinfo)
-            if error is not None:
-                log.warning("cannot read the mount table %s (%s): the file backend is taken as G3", mountinfo, error)
-            file_tier = self._placement.tier.value
-        normaliser = SglangNormaliser(options, file_tier)
-        self._scraper = PageScraper(NAME, options.urls, PREFIXES, dialect("G3").wanted(),
-                                    lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
-                                    options.max_response_bytes, fetch)
-
-    def collect(self) -> list[Reading]:
-        readings = self._scraper.collect()
-        if self._placement is not None:
-            readings.append(placement_info(self._options.engine, POOL, self._placement))
-        return readings
+        placement = place_pool(options.file_storage_dir, proc_root, options.mountinfo)
+        normaliser = SglangNormaliser(options, placement.tier.value if placement else "G3")
+        super().__init__(PageScraper(NAME, options.urls, PREFIXES, dialect("G3").wanted(),
+                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
+                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
 
 
 def _factory(options: SglangOptions, context: CollectorContext) -> SglangCollector:

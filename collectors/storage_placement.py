@@ -9,6 +9,8 @@ can be overridden in config. `place` is a pure function of the mount table; `pla
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -16,7 +18,9 @@ from kvscope.agent import contract as c
 from kvscope.agent.readings import Sample
 from kvscope.agent.tiers import Tier
 from kvscope.collectors.host_inputs import read_text
-from kvscope.collectors.shared_fs import MountEntry, parse_mountinfo
+from kvscope.collectors.shared_fs import MountEntry, parse_mountinfo, under_root
+
+log = logging.getLogger("kvscope.collectors.placement")
 
 # Network and parallel file systems: a pool on one of these is shared storage (G4).
 NETWORK_FSTYPES = frozenset({
@@ -89,3 +93,15 @@ def place_from(path: str, mountinfo: str, override: str = "auto",
 
 def placement_info(engine: str, pool: str, p: Placement) -> Sample:
     return Sample(c.TIER_PLACEMENT_INFO, (engine, pool, p.tier.value, p.path, p.mount, p.fstype, p.decided_by), 1.0)
+
+
+def place_pool(path: str, proc_root: str, mountinfo: str) -> Placement | None:
+    """Where a pool directory from config sits (None when none is configured), decided once by mount type; an
+    unreadable mount table is logged and the pool taken as G3."""
+    if not path:
+        return None
+    table = under_root(proc_root, mountinfo)
+    placement, error = place_from(os.path.normpath(path), table)
+    if error is not None:
+        log.warning("cannot read the mount table %s (%s): %s is taken as G3", table, error, path)
+    return placement
