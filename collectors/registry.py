@@ -7,6 +7,7 @@ from kvscope.collectors import (
     disk,
     dynamo_frontend,
     dynamo_kvbm,
+    engine_discovery,
     gpfs,
     lmcache,
     lustre,
@@ -38,6 +39,7 @@ _SPECS: list[CollectorSpec] = [
     dynamo_frontend.SPEC,
     sglang.SPEC,
     lmcache.SPEC,
+    engine_discovery.SPEC,
     otlp_traces.SPEC,
 ]
 
