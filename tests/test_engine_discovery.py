@@ -17,6 +17,7 @@ from tests.engine_pages import FIXTURES, PageServer, Readings, as_dict, fixture_
 
 DYNAMO = fixture_module("dynamo")
 NODE = str(FIXTURES / "dynamo" / "node" / "proc")
+HOST = ("disk", "network", "rdma", "nfs", "lustre", "process", "nvml")
 
 
 @pytest.mark.parametrize(("folder", "name", "kinds"), [
@@ -106,3 +107,35 @@ def test_probes_at_start_then_on_the_slow_interval() -> None:
         r: Readings = as_dict(collector.collect())
     assert series(r, "kvscope_engine_discovered_info") == {("sglang", late.url())}
     assert ("kvscope_kv_hit_tokens_total", ("sglang", "Qwen/Qwen3-8B", "0", "G1")) in r
+
+
+@pytest.mark.integration
+def test_kvscope_run_autodetects_and_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent as `kvscope run` builds it, with no engine configured: its own /metrics shows what was found
+    and the engines' per-tier figures (host collectors off: the node fixture has only a mount table)."""
+    import time
+    import urllib.request
+
+    monkeypatch.setenv("DYN_KVBM_DISK_CACHE_DIR", "/kvbm/pool")
+    with serving(page("sglang", "hicache-hf3fs-underscore-tp2.prom"), page("dynamo", "kvbm-0.9.0-seeds-g4.prom"),
+                 page("dynamo", "worker-0.9.0-vllm-0.14.1.prom")) as (sgl, leader, worker):
+        text = (f'[agent]\ninterval = 0.1\nproc_root = "{NODE}"\n[exporters.prometheus]\nlisten = "127.0.0.1:0"\n'
+                f'[collectors.engine_discovery]\ncandidates = ["{sgl.url()}", "{leader.url()}", "{worker.url()}"]\n'
+                'kv_bytes_per_token = 36864\n' + "".join(f"[collectors.{n}]\nenabled = false\n" for n in HOST))
+        agent = build_agent(load_config(text, components(), environ={}))
+        agent.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not agent.store.values("kvscope_engine_discovered_info") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert agent.server is not None
+            with urllib.request.urlopen(f"http://127.0.0.1:{agent.server.port}/metrics", timeout=5) as response:
+                exposition = response.read().decode()
+        finally:
+            agent.stop()
+    assert f'kvscope_engine_discovered_info{{engine="sglang",url="{sgl.url()}"}} 1.0' in exposition
+    assert 'kvscope_kv_hit_tokens_total{dp_rank="0",engine="sglang",model="Qwen/Qwen3-8B",tier="G4"} 16384.0' in (
+        exposition)
+    # two models on the pod's pages: KVBM's unlabelled series cannot be given one
+    assert 'kvscope_kv_transfer_bytes_total{dp_rank="0",dst="G1",engine="dynamo",model="",src="G4"} 4.41778176e+09' \
+        in exposition
