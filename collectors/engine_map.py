@@ -101,6 +101,7 @@ class EngineNormaliser:
         self.dialect = dialect
         self._base_of = base_of
         self._resolvers = dict(resolvers or {})
+        self._wanted = dialect.wanted()
 
     def _samples(self, page: ScanResult, name: str) -> list[tuple[Labels, float]]:
         for prefix in self.dialect.prefixes:
@@ -145,7 +146,7 @@ class EngineNormaliser:
     def _lowest_shards(self, page: ScanResult) -> dict[tuple[str, str], str]:
         """The lowest shard seen per (model, dp_rank) over every sample this dialect reads."""
         lowest: dict[tuple[str, str], str] = {}
-        for name in self.dialect.wanted():
+        for name in self._wanted:
             for labels, _ in page.samples.get(name, ()):
                 base = self._base_of(labels)
                 if base is not None:
