@@ -109,3 +109,29 @@ def canonical(text: str) -> str:
         blocks[-1].append(line)
     return "".join("\n".join([*(b for b in block if b.startswith("#")),
                               *sorted(b for b in block if not b.startswith("#"))]) + "\n" for block in blocks)
+
+
+def exposition(specs: dict[str, Any], collectors: dict[str, Any], urls: dict[str, str]) -> str:
+    """The agent's own exposition after each collector ran once into a store of `specs`, with the loopback
+    URLs replaced by names (`urls`: url → name) and each family's lines sorted (canonical)."""
+    from kvscope.agent.pipeline import Components
+    from kvscope.agent.store import Store
+    from kvscope.agent.wiring import build_catalogue
+    from kvscope.exporters.prometheus import TextRenderer
+
+    store = Store(build_catalogue(Components(specs, {})))
+    for name, collector in collectors.items():
+        store.ingest(name, collector.collect(), now=1.0)
+    text = TextRenderer(store).render().decode()
+    for url, name in urls.items():
+        text = text.replace(url, f"http://{name}/metrics")
+    return canonical(text)
+
+
+def assert_golden(path: Path, text: str) -> None:
+    """Compares with a golden file; KVSCOPE_REGEN_GOLDEN=1 rewrites it (then read the diff)."""
+    import os
+
+    if os.environ.get("KVSCOPE_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} differs; KVSCOPE_REGEN_GOLDEN=1 rewrites it"

@@ -8,7 +8,18 @@ import pytest
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.wiring import build_catalogue, components
 from kvscope.collectors.dynamo_frontend import SPEC, DynamoCollector, DynamoOptions
-from tests.engine_pages import as_dict, fixture_module, histogram, page, series, serving, value
+from tests.engine_pages import (
+    FIXTURES,
+    as_dict,
+    assert_golden,
+    exposition,
+    fixture_module,
+    histogram,
+    page,
+    series,
+    serving,
+    value,
+)
 
 PAGES = fixture_module("dynamo")
 MODEL = PAGES.MODEL
@@ -60,3 +71,10 @@ def test_registered_disabled_and_needs_urls() -> None:
     assert components().collectors["dynamo"] is SPEC and not SPEC.enabled_by_default
     with pytest.raises(ConfigError, match="no URL"):
         load_config("[collectors.dynamo]\nenabled = true\n", components(), environ={})
+
+
+def test_golden_exposition_of_the_frontend_page() -> None:
+    with serving(page("dynamo", "frontend-0.9.0.prom")) as (server,):
+        text = exposition({"dynamo": SPEC}, {"dynamo": DynamoCollector(DynamoOptions(urls=[server.url()]))},
+                          {server.url(): "TARGET"})
+    assert_golden(FIXTURES / "dynamo" / "expected-frontend-0.9.0.txt", text)

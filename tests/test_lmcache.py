@@ -11,7 +11,19 @@ from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.wiring import build_catalogue, components
 from kvscope.collectors.lmcache import SPEC, LmcacheCollector, LmcacheOptions
 from kvscope.collectors.vllm_metrics import VllmMetricsCollector, VllmOptions
-from tests.engine_pages import FIXTURES, Readings, as_dict, fixture_module, histogram, page, series, serving, value
+from tests.engine_pages import (
+    FIXTURES,
+    Readings,
+    as_dict,
+    assert_golden,
+    exposition,
+    fixture_module,
+    histogram,
+    page,
+    series,
+    serving,
+    value,
+)
 
 PAGES = fixture_module("lmcache")
 NODE = str(FIXTURES / "dynamo" / "node" / "proc")
@@ -89,3 +101,10 @@ def test_registered_disabled_and_checked() -> None:
     with pytest.raises(ConfigError, match="hit_tier"):
         load_config('[collectors.lmcache]\nenabled = true\nurls = ["http://h:7000/metrics"]\nhit_tier = "G1"\n',
                     components(), environ={})
+
+
+def test_golden_exposition_of_the_internal_api_page() -> None:
+    with serving(page("lmcache", REMOTE)) as (server,):
+        collector = LmcacheCollector(LmcacheOptions(urls=[server.url()]), NODE)
+        text = exposition({"lmcache": SPEC}, {"lmcache": collector}, {server.url(): "TARGET"})
+    assert_golden(FIXTURES / "lmcache" / "expected-internal-api-tp2-remote.txt", text)

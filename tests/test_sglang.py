@@ -10,7 +10,19 @@ import pytest
 from kvscope.agent.config import ConfigError, load_config
 from kvscope.agent.wiring import build_catalogue, components
 from kvscope.collectors.sglang import SPEC, SglangCollector, SglangOptions
-from tests.engine_pages import FIXTURES, Readings, as_dict, fixture_module, histogram, page, series, serving, value
+from tests.engine_pages import (
+    FIXTURES,
+    Readings,
+    as_dict,
+    assert_golden,
+    exposition,
+    fixture_module,
+    histogram,
+    page,
+    series,
+    serving,
+    value,
+)
 
 PAGES = fixture_module("sglang")
 NODE = str(FIXTURES / "dynamo" / "node" / "proc")
@@ -118,3 +130,10 @@ def test_registered_disabled_and_checked() -> None:
     with pytest.raises(ConfigError, match=r"storage_backend_tiers\.hf3fs"):
         load_config('[collectors.sglang]\nenabled = true\nurls = ["http://h:30000/metrics"]\n'
                     'storage_backend_tiers = { hf3fs = "G9" }\n', components(), environ={})
+
+
+def test_golden_exposition_of_the_hicache_page() -> None:
+    with serving(page("sglang", UNDERSCORE)) as (server,):
+        opts = SglangOptions(urls=[server.url()], kv_bytes_per_token=PAGES.BYTES_PER_TOKEN)
+        text = exposition({"sglang": SPEC}, {"sglang": SglangCollector(opts, NODE)}, {server.url(): "TARGET"})
+    assert_golden(FIXTURES / "sglang" / "expected-hicache-hf3fs-underscore-tp2.txt", text)
