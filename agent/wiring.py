@@ -101,7 +101,8 @@ def build_agent(
     correlation = config.analyses.get(CORRELATION_SPEC.name)
     capacity = correlation[1].record_buffer if correlation is not None else CorrelationOptions().record_buffer
     records = RecordBuffer(capacity)
-    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records)
+    enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
+    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled)
 
     jobs: list[Job] = []
     collectors: dict[str, Collector] = {}
