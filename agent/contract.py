@@ -44,9 +44,9 @@ CONTRACT_METRICS = (
     gauge(TIER_CAPACITY_TOKENS, "tokens", (*_E, "tier"), "KV capacity of the tier in tokens.",
           "engine config"),
     gauge(TIER_USED_BYTES, "bytes", (*_E, "tier"),
-          "KV bytes resident in the tier: resident blocks x the KV events' block_size (tokens per block) x the "
-          "configured kv_bytes_per_token (the model's KV geometry); absent while any of the three is unknown.",
-          "KV events"),
+          "KV bytes resident in the tier, where a source says it: from KV events, resident blocks x the events' "
+          "block_size x the configured kv_bytes_per_token (absent while any is unknown); from LMCache, its usage "
+          "per backend.", "KV events, LMCache"),
     gauge(KV_RESIDENT_BLOCKS, "blocks", (*_E, "tier"), "KV blocks resident in the tier.", "KV events"),
     histogram(TTFT_SECONDS, "seconds", _E, "Time to first token (engine's definition).", "engine"),
     histogram(QUEUE_SECONDS, "seconds", _E, "Time requests waited before first being scheduled.",
