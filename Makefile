@@ -5,20 +5,22 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export KVSCOPE_REQUIRE_TOOLS ?= 1
 
-.PHONY: all run test lint typecheck unit bench fuzz tools gpu-check clean
+.PHONY: all run test lint typecheck unit bench fuzz tools gpu-check dashboards clean
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,web,reference]'
+	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards,otlp,otlp-grpc]'
 	touch $@
 
-# promtool (tests), node_exporter and fio (benchmarks) from Debian's packages when missing.
+# promtool and prometheus, amtool and alertmanager (tests), node_exporter and fio (benchmarks) from Debian's
+# packages when missing.
 tools:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null || missing="$$missing prometheus-node-exporter"; \
 	command -v fio >/dev/null || missing="$$missing fio"; \
 	if [ -n "$$missing" ]; then \
@@ -45,6 +47,10 @@ fuzz: $(STAMP)
 
 bench: $(STAMP) tools
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Regenerates the Grafana JSON and the Kubernetes PrometheusRule from dashboards/ (a test fails when stale).
+dashboards: $(STAMP)
+	$(BIN)/python scripts/build_dashboards.py
 
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py

@@ -20,7 +20,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvscope import __version__
 
@@ -31,13 +30,24 @@ class ScrapeError(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True, slots=True)
-class Page:
-    body: bytes
-    framed: bool = False  # Content-Length met or chunked encoding complete: the body is known to be whole
+class Page(bytes):
+    """A response body, as bytes, that also says whether HTTP's framing (a Content-Length that was met,
+    chunked encoding that reached its last chunk) vouches that it is whole. A fetcher may return plain
+    bytes: then nothing vouches for it."""
+
+    framed: bool
+
+    def __new__(cls, body: bytes, framed: bool = False) -> Page:
+        page = super().__new__(cls, body)
+        page.framed = framed
+        return page
 
 
-Fetcher = Callable[[str, float, int], Page]
+def is_whole(body: bytes) -> bool:
+    return isinstance(body, Page) and body.framed
+
+
+Fetcher = Callable[[str, float, int], bytes]  # (url, timeout, max bytes) -> body, or ScrapeError
 CHUNK = 65536
 
 

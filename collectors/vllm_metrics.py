@@ -71,7 +71,7 @@ from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.exposition_scan import ExpositionScanner
-from kvscope.collectors.http_scrape import Fetcher, Page, ScrapeError, http_fetch
+from kvscope.collectors.http_scrape import Fetcher, ScrapeError, http_fetch, is_whole
 from kvscope.collectors.vllm_map import (
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
@@ -176,7 +176,7 @@ class _Target:
     malformed: int = 0
     response_bytes: int = 0
     reported_malformed: bool = False
-    pending: concurrent.futures.Future[Page] | None = None  # a request that outlived its cycle
+    pending: concurrent.futures.Future[bytes] | None = None  # a request that outlived its cycle
     held: dict[SeriesKey, Reading] = field(default_factory=dict)  # last histograms and capacities seen
 
 
@@ -193,9 +193,9 @@ class VllmMetricsCollector:
         wanted = wanted_samples()
         self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
 
-    def _start(self, url: str) -> concurrent.futures.Future[Page]:
+    def _start(self, url: str) -> concurrent.futures.Future[bytes]:
         """One fetch on a daemon thread of its own (a resolver stuck on a name must not hold up exit)."""
-        future: concurrent.futures.Future[Page] = concurrent.futures.Future()
+        future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         opts = self._options
 
         def run() -> None:
@@ -209,7 +209,7 @@ class VllmMetricsCollector:
 
     def collect(self) -> list[Reading]:
         opts = self._options
-        this_cycle: dict[int, concurrent.futures.Future[Page]] = {}
+        this_cycle: dict[int, concurrent.futures.Future[bytes]] = {}
         for i, target in enumerate(self._targets):
             if target.pending is not None and target.pending.done():
                 target.pending = None  # a late answer: counted as a timeout in its own cycle
@@ -250,9 +250,9 @@ class VllmMetricsCollector:
             log.warning("vllm target %s: scrape failed (%s); retrying every cycle", target.url, exc)
         target.up = False
 
-    def _use(self, target: _Target, fetched: Page, readings: list[Reading], claimed: set[SeriesKey]) -> None:
-        target.response_bytes = len(fetched.body)
-        page = target.scanner.scan(fetched.body.decode("utf-8", errors="replace"), complete=fetched.framed)
+    def _use(self, target: _Target, body: bytes, readings: list[Reading], claimed: set[SeriesKey]) -> None:
+        target.response_bytes = len(body)
+        page = target.scanner.scan(body.decode("utf-8", errors="replace"), complete=is_whole(body))
         if page.truncated:
             # a cut-off page may lack some of the series that are summed into one: use none of it
             self._failed(target, ScrapeError("truncated", "the body does not end with a newline (and HTTP "
