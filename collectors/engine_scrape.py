@@ -17,7 +17,7 @@ from kvscope.agent.catalogue import MetricSpec
 from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.engine_map import Normalised
 from kvscope.collectors.exposition_scan import ExpositionScanner, ScanResult
-from kvscope.collectors.http_scrape import Fetcher, ScrapeError, http_fetch
+from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
 from kvscope.collectors.storage_placement import Placement, placement_info
 from kvscope.collectors.vllm_metrics import ERROR_KINDS, METRICS, check_url
 
@@ -75,15 +75,15 @@ class PageScraper:
                  fetch: Fetcher | None = None) -> None:
         self.collector = collector
         self._normalise = normalise
-        self._fetch: Fetcher = fetch or http_fetch
-        self._timeout, self._max_bytes = timeout, max_bytes
         self._targets = [_Target(url, ExpositionScanner(prefixes, wanted)) for url in urls]
+        # all targets at once, each within its own deadline: a slow one costs the others nothing
+        self._scrape_all = ParallelScrape([t.url for t in self._targets], fetch or http_fetch, timeout, max_bytes)
 
     def collect(self) -> list[Reading]:
         readings: list[Reading] = []
         claimed: set[tuple[str, tuple[str, ...]]] = set()
-        for target in self._targets:
-            self._scrape(target, readings, claimed)
+        for target, answer in zip(self._targets, self._scrape_all.cycle(), strict=True):
+            self._scrape(target, answer, readings, claimed)
         for t in self._targets:
             labels = (self.collector, t.url)
             readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))
@@ -93,11 +93,14 @@ class PageScraper:
                             for kind, n in t.errors.items())
         return readings
 
-    def _scrape(self, target: _Target, readings: list[Reading], claimed: set[tuple[str, tuple[str, ...]]]) -> None:
+    def _scrape(self, target: _Target, answer: bytes | ScrapeError, readings: list[Reading],
+                claimed: set[tuple[str, tuple[str, ...]]]) -> None:
         try:
-            body = self._fetch(target.url, self._timeout, self._max_bytes)
-            target.response_bytes = len(body)
-            page = target.scanner.scan(body.decode("utf-8", errors="replace"))
+            if isinstance(answer, ScrapeError):
+                raise answer
+            target.response_bytes = len(answer)
+            # a page HTTP vouches for (its Content-Length met) is whole even without a final newline
+            page = target.scanner.scan(answer.decode("utf-8", errors="replace"), complete=is_whole(answer))
             if page.truncated:  # a cut-off page may lack some of the series summed into one: use none of it
                 raise ScrapeError("truncated", "the body does not end with a newline")
         except ScrapeError as exc:

@@ -7,7 +7,7 @@ read in bounded chunks and refused past `max_bytes`.
 
 The page also says whether HTTP's own framing (a Content-Length that was met, or chunked encoding that
 reached its last chunk) vouches that the body is whole: then a missing final newline does not mean the
-text was cut off. Pure I/O; the caller parses.
+text was cut off. Pure I/O; the caller parses. `ParallelScrape` fetches a collector's targets at once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 
 from kvscope import __version__
 
@@ -49,6 +50,57 @@ def is_whole(body: bytes) -> bool:
 
 Fetcher = Callable[[str, float, int], bytes]  # (url, timeout, max bytes) -> body, or ScrapeError
 CHUNK = 65536
+# How long ParallelScrape waits past the per-target deadline for the answers: http_fetch ends itself at
+# its deadline, so this only covers thread scheduling (and a fetcher that overruns is a timeout).
+GRACE_SECONDS = 0.25
+
+
+class ParallelScrape:
+    """Fetches every URL at once, each on a daemon thread of its own (a resolver stuck on a name must not
+    hold up the agent's exit) and within its own deadline, so one slow target costs the others nothing.
+    A request that outlives its cycle is not sent again until it returns; its answer, too old by then,
+    is dropped (the cycle it belonged to counted it as a timeout)."""
+
+    def __init__(self, urls: Sequence[str], fetch: Fetcher, timeout: float, max_bytes: int) -> None:
+        self._urls = list(urls)
+        self._fetch, self._timeout, self._max_bytes = fetch, timeout, max_bytes
+        self._pending: list[Future[bytes] | None] = [None] * len(self._urls)
+
+    def _start(self, url: str) -> Future[bytes]:
+        future: Future[bytes] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._fetch(url, self._timeout, self._max_bytes))
+            except BaseException as exc:  # handed to cycle(), which gives it to the target
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="scrape", daemon=True).start()
+        return future
+
+    def cycle(self) -> list[bytes | ScrapeError]:
+        """One answer per URL, in order: the body, or the ScrapeError that target failed with."""
+        started: dict[int, Future[bytes]] = {}
+        for i, url in enumerate(self._urls):
+            pending = self._pending[i]
+            if pending is None or pending.done():
+                started[i] = self._pending[i] = self._start(url)
+        wait(started.values(), timeout=self._timeout + GRACE_SECONDS)
+        out: list[bytes | ScrapeError] = []
+        for i in range(len(self._urls)):
+            future = started.get(i)
+            if future is None or not future.done():
+                out.append(ScrapeError("timeout", f"no answer within {self._timeout:g}s (the request is still "
+                                                  "running)"))
+                continue
+            self._pending[i] = None
+            try:
+                out.append(future.result())
+            except ScrapeError as exc:
+                out.append(exc)
+            except Exception as exc:  # a fetcher must raise ScrapeError; anything else is still the target's
+                out.append(ScrapeError("protocol", f"{type(exc).__name__}: {exc}"))
+        return out
 
 
 class _Request:

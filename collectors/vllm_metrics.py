@@ -58,9 +58,7 @@ targets are unaffected, and so is the collector's own `kvscope_collector_up`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import threading
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -71,7 +69,7 @@ from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.exposition_scan import ExpositionScanner
-from kvscope.collectors.http_scrape import Fetcher, ScrapeError, http_fetch, is_whole
+from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
 from kvscope.collectors.vllm_map import (
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
@@ -157,9 +155,6 @@ def check_url(url: str) -> None:
         raise ValueError(f"urls: {url!r}: credentials in URLs are not supported")
 
 
-# How long collect() waits past the per-target deadline for the answers: http_fetch ends itself at its
-# deadline, so this only covers thread scheduling (and a fetcher that overruns is reported as timed out).
-GRACE_SECONDS = 0.25
 # Series an engine reports only once it has something to report (a histogram before its first observation
 # in vLLM's multiprocess mode, the offload config after a restart): held through an engine restart.
 _HELD_GAUGES = frozenset({c.TIER_CAPACITY_BYTES, c.TIER_CAPACITY_TOKENS})
@@ -176,7 +171,6 @@ class _Target:
     malformed: int = 0
     response_bytes: int = 0
     reported_malformed: bool = False
-    pending: concurrent.futures.Future[bytes] | None = None  # a request that outlived its cycle
     held: dict[SeriesKey, Reading] = field(default_factory=dict)  # last histograms and capacities seen
 
 
@@ -188,52 +182,20 @@ class VllmMetricsCollector:
 
     def __init__(self, options: VllmOptions, fetch: Fetcher | None = None) -> None:
         self._options = options
-        self._fetch: Fetcher = fetch or http_fetch
         self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers)
         wanted = wanted_samples()
         self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
-
-    def _start(self, url: str) -> concurrent.futures.Future[bytes]:
-        """One fetch on a daemon thread of its own (a resolver stuck on a name must not hold up exit)."""
-        future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
-        opts = self._options
-
-        def run() -> None:
-            try:
-                future.set_result(self._fetch(url, opts.scrape_timeout_seconds, opts.max_response_bytes))
-            except BaseException as exc:  # handed to collect(), which counts it on the target
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="vllm-scrape", daemon=True).start()
-        return future
+        self._scrape = ParallelScrape(options.urls, fetch or http_fetch, options.scrape_timeout_seconds,
+                                      options.max_response_bytes)
 
     def collect(self) -> list[Reading]:
-        opts = self._options
-        this_cycle: dict[int, concurrent.futures.Future[bytes]] = {}
-        for i, target in enumerate(self._targets):
-            if target.pending is not None and target.pending.done():
-                target.pending = None  # a late answer: counted as a timeout in its own cycle
-            if target.pending is None:
-                this_cycle[i] = self._start(target.url)
-        concurrent.futures.wait(this_cycle.values(), timeout=opts.scrape_timeout_seconds + GRACE_SECONDS)
         readings: list[Reading] = []
         claimed: set[SeriesKey] = set()  # series keys already given by a target
-        for i, target in enumerate(self._targets):
-            future = this_cycle.get(i)
-            if future is None or not future.done():
-                target.pending = target.pending or future
-                self._failed(target, ScrapeError("timeout", f"no answer within {opts.scrape_timeout_seconds:g}s "
-                                                 "(the request is still running)"))
-                continue
-            try:
-                page = future.result()
-            except ScrapeError as exc:
-                self._failed(target, exc)
-                continue
-            except Exception as exc:  # a fetcher must raise ScrapeError; anything else is still this target's
-                self._failed(target, ScrapeError("protocol", f"{type(exc).__name__}: {exc}"))
-                continue
-            self._use(target, page, readings, claimed)
+        for target, answer in zip(self._targets, self._scrape.cycle(), strict=True):
+            if isinstance(answer, ScrapeError):
+                self._failed(target, answer)
+            else:
+                self._use(target, answer, readings, claimed)
         for t in self._targets:
             labels = (NAME, t.url)
             readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))

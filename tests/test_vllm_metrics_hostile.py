@@ -240,3 +240,23 @@ def test_engine_histograms_and_capacities_stay_exported_through_a_restart() -> N
     pages[0] = _without(page(RESTART), "vllm:")
     store.ingest("vllm", collector.collect(), now=4.0)
     assert base not in store.values("kvscope_ttft_seconds")
+
+
+def test_the_other_engine_adapters_scrape_in_parallel_and_read_pages_whole(servers: list[RawServer]) -> None:
+    """SGLang, LMCache and Dynamo share PageScraper: three hung targets cost one deadline there too, and
+    a page whose Content-Length was met counts even without its final newline."""
+    from kvscope.collectors.sglang import SglangCollector, SglangOptions
+
+    fixture = HERE.parent / "sglang" / "v0.5.10.post1-tp2.prom"
+    healthy = RawServer(fixture.read_bytes().rstrip(b"\n"))
+    hung = [RawServer(hang=True) for _ in range(3)]
+    servers.extend([healthy, *hung])
+    collector = SglangCollector(SglangOptions(urls=[h.url for h in hung] + [healthy.url], scrape_timeout_seconds=0.5))
+    start = time.monotonic()
+    readings = collector.collect()
+    assert time.monotonic() - start < 1.0  # one after another this took 1.5 s
+    up = _by_target(readings, "kvscope_scrape_target_up")
+    assert up[healthy.url] == 1.0 and [up[h.url] for h in hung] == [0.0] * 3
+    errors = _by_target(readings, "kvscope_scrape_errors_total")
+    assert [errors[(h.url, "timeout")] for h in hung] == [1] * 3 and errors[(healthy.url, "truncated")] == 0
+    assert any(r.name == "kvscope_kv_lookup_tokens_total" for r in readings)
