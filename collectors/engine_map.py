@@ -89,7 +89,8 @@ Entry = tuple[tuple[str, ...], str, int, str, tuple[str, ...], int, float]
 
 
 def _shard_key(shard: str) -> tuple[int, str]:
-    return (int(shard), "") if shard.isdigit() else (1 << 62, shard)
+    # int() takes only short ASCII digit runs here: "²" is a digit it cannot read, 5,000 digits pass its limit
+    return (int(shard), "") if shard.isascii() and shard.isdigit() and len(shard) < 19 else (1 << 62, shard)
 
 
 class EngineNormaliser:
