@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvscope.agent.catalogue import Catalogue, counter, histogram
-from kvscope.agent.readings import HistogramSample, Sample
+from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.store import Store
 from kvscope.collectors import aiperf, disk, gpfs, lustre, network, nfs, otlp_traces, rdma, shared_fs
 from kvscope.collectors.exposition_scan import ExpositionScanner, parse_labels
+from kvscope.collectors.http_scrape import Page
 from kvscope.collectors.kv_event_schema import BatchDecoder, MalformedBatch
 from kvscope.collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
 from kvscope.collectors.vllm_map import Normaliser, wanted_samples
@@ -170,6 +171,44 @@ def vllm_exposition() -> Target:
 
     seeds = [s for p in sorted((FIX / "vllm").glob("*.prom")) for s in _lines(p)]
     return Target("vllm_exposition", run, seeds, TEXT_TOKENS)
+
+
+class EnginePages:
+    """The other engine adapters' whole page path (scan, the adapter's normaliser, the scraper's checks)
+    on the page the input gives: SGLang, LMCache, the Dynamo frontend and KVBM, by the first byte."""
+
+    def __init__(self) -> None:
+        from kvscope.collectors.dynamo_frontend import DynamoCollector, DynamoOptions
+        from kvscope.collectors.dynamo_kvbm import KvbmCollector, KvbmOptions
+        from kvscope.collectors.lmcache import LmcacheCollector, LmcacheOptions
+        from kvscope.collectors.sglang import SglangCollector, SglangOptions
+
+        url = ["http://t/metrics"]
+        proc = str(FIX / "sharedfs/node/proc")
+        kvbm = KvbmCollector(KvbmOptions(urls=url, block_tokens=16, kv_bytes_per_token=2), proc, environ={})
+        kvbm._place()  # what collect() does before every scrape
+        self.scrapers = [SglangCollector(SglangOptions(urls=url), proc)._scraper,
+                         LmcacheCollector(LmcacheOptions(urls=url), proc)._scraper,
+                         DynamoCollector(DynamoOptions(urls=url))._scraper, kvbm._scraper]
+
+    def __call__(self, data: bytes) -> None:
+        selector, body = (data[0], data[1:]) if data else (0, b"")
+        scraper = self.scrapers[selector % 4]
+        readings: list[Reading] = []
+        scraper._scrape(scraper._targets[0], Page(body, framed=bool(selector & 4)), readings, set())
+        for reading in readings:
+            if isinstance(reading, HistogramSample):
+                counts = [n for _, n in reading.buckets]
+                assert reading.buckets[-1][0] == math.inf and counts == sorted(counts)
+            else:
+                assert not (reading.name.endswith("_total") and math.isnan(reading.value))
+
+
+def engine_pages() -> Target:
+    seeds = [bytes([i]) + chunk for i, engine in enumerate(("sglang", "lmcache", "dynamo", "dynamo"))
+             for p in sorted((FIX / engine).glob("*.prom")) if (engine != "dynamo") or ("kvbm" in p.name) == (i == 3)
+             for chunk in _lines(p)]
+    return Target("engine_pages", EnginePages(), seeds, TEXT_TOKENS)
 
 
 def exposition_labels() -> Target:
@@ -348,5 +387,6 @@ def store_ingest() -> Target:
 
 
 TARGETS: dict[str, Callable[[], Target]] = {f.__name__: f for f in (
-    kv_batch_decode, kv_subscriber_handle, kv_replay, vllm_exposition, exposition_labels, diskstats, net_dev, rdma_port,
-    mountstats, llite_stats, mmpmon_fs_io_s, mountinfo, otlp_protobuf, otlp_json, aiperf_exports, store_ingest)}
+    kv_batch_decode, kv_subscriber_handle, kv_replay, vllm_exposition, engine_pages, exposition_labels, diskstats,
+    net_dev, rdma_port, mountstats, llite_stats, mmpmon_fs_io_s, mountinfo, otlp_protobuf, otlp_json, aiperf_exports,
+    store_ingest)}

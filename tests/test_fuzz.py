@@ -94,6 +94,10 @@ REGRESSIONS: list[tuple[str, bytes]] = [
     ("aiperf_exports", b'{"metadata": {"request_start_ns": 1}, "metrics": {"input_sequence_length": {"value": 1'
                        + b"0" * 400 + b"}}}"),
     ("aiperf_exports", b'{"timestamp_ns": 1, "metrics": {"m": {"value": 1' + b"0" * 400 + b"}}}"),
+    # an LMCache worker_id of 5,000 digits: int() past its limit failed the whole collection (engine_map)
+    ("engine_pages", b"\x01" + b'lmcache:num_requested_tokens_total{model_name="m",role="worker",worker_id="'
+                     + b"7" * 5000 + b'"} 500000.0\n' + b'lmcache:num_hit_tokens_total{model_name="m",role="worker",'
+                     + b'worker_id="\xc2\xb2"} 5.0\n'),
     # a counter whose last value (taken without a wrap modulus) lay past the modulus it now has: the
     # "wrap" took the total from 1.8e139 down to 0
     ("store_ingest", _pack(1, 1.85e139, 0.5, -1, 1, 5, 0.5, 1)),
