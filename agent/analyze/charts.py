@@ -8,7 +8,7 @@ from typing import Any
 from kvscope.agent.analyze.build import Report
 from kvscope.agent.analyze.inputs import COMPONENTS
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "prefill": "#2e86ab", "other": "#f3a712"}
+COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "offload": "#8e6cbe", "prefill": "#2e86ab", "other": "#f3a712"}
 
 
 def _pyplot() -> Any:

@@ -22,10 +22,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.agent.records import COMPONENTS
 from kvscope.collectors.aiperf import ScrapeEntry, parse_entry, parse_server_metrics
 from kvscope.collectors.exposition_scan import ScanResult
 
-COMPONENTS = ("queue", "fetch", "prefill", "other")
+__all__ = ["COMPONENTS", "RecordedRequest", "Recording", "Scrape", "Scrapes", "parse_recording", "parse_scrapes",
+           "scan_of"]
+
+
 
 
 @dataclass(slots=True)
