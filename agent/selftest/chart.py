@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.agent.selftest.checks import COMPONENTS
+from kvscope.agent.records import COMPONENTS
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "prefill": "#ff7f0e", "other": "#d4c35a"}
+COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "offload": "#9467bd", "prefill": "#ff7f0e", "other": "#d4c35a"}
 
 
 @dataclass(frozen=True, slots=True)

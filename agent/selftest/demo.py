@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvscope.agent.records import COMPONENTS
 from kvscope.agent.reference.engine import Engine
 from kvscope.agent.reference.scenarios import LoadResult
 from kvscope.agent.selftest import chart
-from kvscope.agent.selftest.checks import COMPONENTS, check_run, engine_samples, measured_figures, shares, truth_figures
+from kvscope.agent.selftest.checks import check_run, engine_samples, measured_figures, shares, truth_figures
 from kvscope.agent.selftest.harness import Harness, RunCapture
 from kvscope.agent.selftest.plans import SharedPromptsPlan
 from kvscope.agent.selftest.runner import settle_check
