@@ -13,7 +13,7 @@ from kvscope.agent.cli import main
 from kvscope.agent.config import load_config
 from kvscope.agent.selftest.checks import Check, Figures, compare
 from kvscope.agent.selftest.harness import agent_config_text
-from kvscope.agent.selftest.plans import SharedPromptsPlan
+from kvscope.agent.selftest.plans import EvictionPlan, NarrowPlan, SharedPromptsPlan
 from kvscope.agent.selftest.report import as_json, table
 from kvscope.agent.selftest.runner import run_plans
 from kvscope.agent.wiring import components
@@ -51,6 +51,35 @@ def test_used_bytes_per_tier_match_the_engine(tmp_path: Path) -> None:
     assert {c.quantity for c in used if c.run == "cache"} == {f"used bytes G{i}" for i in range(1, 5)}
     assert all(c.passed for c in used), table([("shared-prompts", c) for c in used])
     assert len([c for c in used if c.run == "cache" and c.truth > 0]) >= 2
+
+
+@pytest.mark.integration
+def test_g1_evictions_at_gpt_oss_120b_geometry_are_offload(tmp_path: Path) -> None:
+    """Issue 12's repro, scaled in count: 36,864 B/token (9 MiB blocks), G1 keeping blocks and evicting them to G2
+    inside the requests' steps. Every check passes, offload included; the run did what it says."""
+    rows, _, captures = run_plans({"g1-eviction": EvictionPlan()}, tmp_path)
+    misses = [c for _, c in rows if not c.passed]
+    assert not misses, table([("g1-eviction", c) for c in misses])
+    (run,) = captures["g1-eviction"]
+    assert run.config.geometry.bytes_per_token == 36_864 and run.config.g1_retain
+    evicting = [t for t in run.truths if t.bytes_by_link.get("G1->G2")]
+    assert len(evicting) >= 4 and all(t.offload_s > 0 for t in evicting)
+    # eviction is a real part of those requests' TTFT, which an agent blind to it would have put in prefill
+    assert max(t.offload_s / t.ttft_s for t in evicting) > 0.2
+    quantities = {c.quantity for _, c in rows}
+    assert {"TTFT share offload %", "requests with offload within 10% of TTFT"} <= quantities
+
+
+@pytest.mark.integration
+def test_narrow_prompts_make_the_cost_model_say_it_does_not_know(tmp_path: Path) -> None:
+    rows, _, captures = run_plans({"narrow-prompts": NarrowPlan(requests=16)}, tmp_path)
+    misses = [c for _, c in rows if not c.passed]
+    assert not misses, table([("narrow-prompts", c) for c in misses])
+    (run,) = captures["narrow-prompts"]
+    prompts = {t.prompt_tokens for t in run.truths}
+    assert min(prompts) >= 1650 and max(prompts) <= 1800 and len(prompts) > 1
+    confidence = {c.quantity: c for _, c in rows if c.quantity.startswith(("cost model", "counterfactual"))}
+    assert len(confidence) == 2 and all(c.measured == c.truth for c in confidence.values())
 
 
 def _figures() -> Figures:

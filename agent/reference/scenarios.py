@@ -133,23 +133,46 @@ def _drive(engine: Engine, order: list[list[int]], concurrency: int,
     return clock() - start, truths
 
 
-def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
-                   seed: int = 0, engine_factory: EngineFactory = running_engine) -> tuple[LoadResult, LoadResult]:
+def prompt_order(requests: int, prompts: int, prompt_tokens: int, seed: int = 0,
+                 min_tokens: int | None = None) -> list[list[int]]:
+    """N requests drawn from M prompts, each used N/M times in a seeded shuffle. Prompts are `prompt_tokens`
+    long, or of lengths drawn uniformly from [min_tokens, prompt_tokens] when min_tokens is given."""
     rng = np.random.default_rng(seed)
-    pool = [_prompt(rng, prompt_tokens) for _ in range(prompts)]
+    lengths = ([prompt_tokens] * prompts if min_tokens is None
+               else [int(n) for n in rng.integers(min_tokens, prompt_tokens + 1, prompts)])
+    pool = [_prompt(rng, n) for n in lengths]
     order = [pool[i % prompts] for i in range(requests)]
     rng.shuffle(order)
+    return order
+
+
+def cache_config(base: EngineConfig, prompts: int, prompt_tokens: int) -> EngineConfig:
+    """`base` with G1 large enough for one prompt and G4 for all of them."""
     bt = base.block_tokens
-    cached = replace(base, g1_blocks=max(base.g1_blocks, _blocks(prompt_tokens, bt)),
-                     g4_blocks=max(base.g4_blocks, prompts * _blocks(prompt_tokens, bt)))
-    baseline = replace(cached, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
-    results = []
-    for label, config in (("G4 cache", cached), ("recompute", baseline)):
-        with engine_factory(config) as engine:
-            engine.clear_cache()
-            seconds, truths = _drive(engine, order, concurrency)
-        results.append(LoadResult(label, requests, seconds, truths))
-    return results[0], results[1]
+    return replace(base, g1_blocks=max(base.g1_blocks, _blocks(prompt_tokens, bt)),
+                   g4_blocks=max(base.g4_blocks, prompts * _blocks(prompt_tokens, bt)))
+
+
+def recompute_config(config: EngineConfig) -> EngineConfig:
+    """The same engine without the cache: no prefix caching, no tier keeps anything."""
+    return replace(config, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
+
+
+def run_load(config: EngineConfig, label: str, order: list[list[int]], concurrency: int,
+             engine_factory: EngineFactory = running_engine) -> LoadResult:
+    """One engine, cache starting empty, the requests of `order` from `concurrency` closed-loop clients."""
+    with engine_factory(config) as engine:
+        engine.clear_cache()
+        seconds, truths = _drive(engine, order, concurrency)
+    return LoadResult(label, len(order), seconds, truths)
+
+
+def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
+                   seed: int = 0, engine_factory: EngineFactory = running_engine) -> tuple[LoadResult, LoadResult]:
+    order = prompt_order(requests, prompts, prompt_tokens, seed)
+    cached = cache_config(base, prompts, prompt_tokens)
+    return (run_load(cached, "G4 cache", order, concurrency, engine_factory),
+            run_load(recompute_config(cached), "recompute", order, concurrency, engine_factory))
 
 
 def format_load(cache: LoadResult, recompute: LoadResult) -> str:

@@ -49,7 +49,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     st = sub.add_parser("selftest", help="run the reference engine with the agent attached; compare with truth")
-    st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "all"),
+    st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "g1-eviction",
+                                           "narrow-prompts", "all"),
                     default="shared-prompts",
                     help="which scenario (default shared-prompts)")
     st.add_argument("--json", type=Path, help="also write the checks as JSON here")
