@@ -313,3 +313,26 @@ def test_growth_state_forgets_series_it_no_longer_reads() -> None:
         assert deltas.step("kept", 2.0 + window) == 1.0  # still read: its growth stays exact
     assert len(deltas) == 1  # "gone" was not read for 3 windows and was dropped
     assert deltas.step("gone", 7.0) == 7.0  # back after being forgotten: first sight again
+
+
+def test_fetch_and_offload_before_the_first_ttft_are_carried_not_lost() -> None:
+    """A reference engine's first request fetches and evicts before it finishes: the window that sees the
+    transfer seconds has no TTFT series yet. The seconds wait for the first window that has one."""
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+    labels = ("reference", *E[1:])
+    transfers = [Sample(contract.KV_TRANSFER_SECONDS, (*labels, "G2", "G1"), 0.2),
+                 Sample(contract.KV_TRANSFER_BYTES, (*labels, "G2", "G1"), 4e8),
+                 Sample(contract.KV_TRANSFER_SECONDS, (*labels, "G1", "G2"), 0.3),
+                 Sample(contract.KV_TRANSFER_BYTES, (*labels, "G1", "G2"), 6e8)]
+    store.ingest("vllm", transfers, clock.t)
+    first = engine.run()
+    assert not [r for r in first if r.name == m.TTFT_ATTRIBUTED]
+    clock.t += 1
+    store.ingest("vllm", [*transfers, *(HistogramSample(n, labels, ((1.0, 1.0), (float("inf"), 1.0)), v, 1.0)
+                                        for n, v in ((contract.TTFT_SECONDS, 1.0), (contract.QUEUE_SECONDS, 0.1),
+                                                     (contract.PREFILL_SECONDS, 0.9)))], clock.t)
+    out = by_key(engine.run())
+    parts = {lab[3]: r.value for (name, lab), r in out.items() if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
+    assert parts["fetch"] == pytest.approx(0.2) and parts["offload"] == pytest.approx(0.3)
+    assert parts["prefill"] == pytest.approx(0.9 - 0.2 - 0.3)

@@ -101,8 +101,10 @@ class WindowAttribution:
         for labels, total in hits.items():
             if labels[3] in BELOW_G1:
                 models.token_bytes[engine_key(labels)][1] += self._deltas.step(("hits", labels), total)
+        seen: set[Key] = set()
         for labels in store.values(contract.TTFT_SECONDS):
             key = engine_key(labels)
+            seen.add(key)
             ttft = self._hist_sum(contract.TTFT_SECONDS, labels)
             assert ttft is not None
             queue = self._hist_sum(contract.QUEUE_SECONDS, labels)
@@ -112,8 +114,9 @@ class WindowAttribution:
             method: Method = "estimated" if offload_method.get(key) == "estimated" else "measured"
             totals = WindowTotals(ttft[0], None if queue is None else queue[0],
                                   None if prefill is None else prefill[0],
-                                  fetch[key] + carried if key in has_fetch else None,
-                                  offload[key] + offload_carried if key in offload_method else None, method)
+                                  fetch[key] + carried if key in has_fetch or carried else None,
+                                  offload[key] + offload_carried if key in offload_method or offload_carried else None,
+                                  method)
             reused = sum(self._deltas.step(("reuse", lab), v, from_zero=False) for lab, v in hits.items()
                          if lab[:3] == labels and lab[3] in BELOW_G1)
             if ttft[1] > 0:
@@ -131,4 +134,17 @@ class WindowAttribution:
             self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
+        # fetch and offload of an engine whose first request has not finished yet (no TTFT series to put them
+        # against): carried until it has one
+        for key in (has_fetch | set(offload_method)) - seen:
+            self._carry(self._fetch_carry, key, fetch[key], "fetch_overflow")
+            self._carry(self._offload_carry, key, offload[key], "offload_overflow")
         return window
+
+    def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str) -> None:
+        held, waited = carry.pop(key, (0.0, 0))
+        if waited < FETCH_CARRY_WINDOWS:
+            if held + seconds > 0:
+                carry[key] = (held + seconds, waited + 1)
+        else:
+            self._out.counters[(m.ATTRIBUTION_ERROR, (*key, "aggregate", error))] += held + seconds

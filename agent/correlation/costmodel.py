@@ -17,8 +17,9 @@ when (1) the prompt lengths in its window span at least a factor `min_spread` (2
 errors of its coefficients are small: at the longest prompt in the window, neither term may move the
 recompute estimate compute(P, 0) by more than `max_relative_error` (10 %). A fit that fails keeps the
 *prior's shape* — the configured a, b, else the seeds' two published recompute points — and fits only
-its scale to the samples (one parameter, which samples of one length do determine). Everything built on
-such a model is marked low-confidence: the prior's shape is only as right for this engine as its source.
+its scale to the samples (one parameter, which samples of one length do determine); so does a model with
+fewer than `min_samples` samples. Everything built on such a model is marked low-confidence: the prior's
+shape is only as right for this engine as its source.
 """
 
 from __future__ import annotations
@@ -100,13 +101,16 @@ class PrefillCostModel:
             self._dirty = True
 
     def refit(self) -> Fit | None:
-        if self._dirty and len(self._samples) >= self.min_samples:
+        """Refits after new samples: a and b once there are `min_samples`, the prior's scale before that (and
+        whenever the fit is not trusted)."""
+        if self._dirty and self._samples:
             rows = [compute_features(n, c) for n, c, _ in self._samples]
             y = [s for _, _, s in self._samples]
-            self.fit = nnls(rows, y)
             longest = max(n + c for n, c, _ in self._samples)
             self.spread = longest / min(n + c for n, c, _ in self._samples)
-            self.uncertainty = term_uncertainty(rows, y, self.fit, longest)
+            if len(self._samples) >= self.min_samples:
+                self.fit = nnls(rows, y)
+                self.uncertainty = term_uncertainty(rows, y, self.fit, longest)
             self.prior_scale = None if self.confident else self._scale(rows, y)
         self._dirty = False
         return self.fit
@@ -132,7 +136,8 @@ class PrefillCostModel:
 
     @property
     def basis(self) -> str:
-        """Where a and b come from: fit, prior_scaled (fit not confident), prior (configured, no fit yet), none."""
+        """Where a and b come from: fit, prior_scaled (too few samples, or a fit not trusted), prior (configured,
+        no samples yet), none."""
         if self.confident:
             return "fit"
         if self.prior_scale is not None:

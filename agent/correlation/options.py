@@ -21,8 +21,10 @@ class CorrelationOptions:
     offload_inside_by_engine: dict[str, str] = field(default_factory=lambda: {"reference": "prefill"})
     fit_window: int = 512  # pure-compute requests kept for the prefill cost fit
     fit_min_samples: int = 8
-    prefill_a: float = 0.0  # prior a (s/token) used until the first fit; 0 = none
-    prefill_b: float = 0.0  # prior b (s/token²)
+    # the prior: used as it is before any sample, its shape scaled to the samples while a fit is not trusted;
+    # 0, 0 = the seeds' shape (and no model before the first sample)
+    prefill_a: float = 0.0  # s/token
+    prefill_b: float = 0.0  # s/token²
     fit_min_spread: float = 2.0  # longest / shortest prompt in the fit window before a and b are trusted
     fit_max_relative_error: float = 0.1  # either term's standard error, at the longest prompt, / compute(P, 0)
     fit_ttft_when_no_prefill: bool = False  # cold client records (AIPerf) count TTFT as compute

@@ -57,11 +57,25 @@ class SweepRow:
 EngineFactory = Callable[[EngineConfig], AbstractContextManager[Engine]]
 
 
+def sweep_config(base: EngineConfig, lengths: list[int]) -> EngineConfig:
+    """`base` with G1 large enough for the longest prompt and G4 for all of them."""
+    bt = base.block_tokens
+    return replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
+                   g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
+
+
+def recompute_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
+                    engine_factory: EngineFactory = running_engine) -> list[RequestTruth]:
+    """The sweep's prompts (the same as ttft_sweep's for a seed), each sent once to the engine without a
+    cache: what every length costs when nothing is reused."""
+    rng = np.random.default_rng(seed)
+    with engine_factory(recompute_config(sweep_config(base, lengths))) as engine:
+        return [engine.generate(_prompt(rng, n)) for n in lengths]
+
+
 def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
                engine_factory: EngineFactory = running_engine) -> list[SweepRow]:
-    bt = base.block_tokens
-    config = replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
-                     g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
+    config = sweep_config(base, lengths)
     rng = np.random.default_rng(seed)
     rows = []
     with engine_factory(config) as engine:

@@ -20,10 +20,12 @@ from kvscope.agent.reference.scenarios import (
     SweepRow,
     cache_config,
     prompt_order,
+    recompute_sweep,
     run_load,
     shared_prompts,
     ttft_sweep,
 )
+from kvscope.agent.reference.truth import RequestTruth
 from kvscope.agent.selftest.harness import Harness
 
 SCENARIOS = ("shared-prompts", "ttft-sweep", "g1-eviction", "narrow-prompts")
@@ -117,3 +119,42 @@ class NarrowPlan:
         order = prompt_order(self.requests, self.prompts, self.prompt_tokens, self.seed, self.min_tokens)
         return run_load(cache_config(base, self.prompts, self.prompt_tokens), "narrow prompts", order,
                         self.concurrency, harness.attached)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    """`kvscope demo`: the seeds' two experiments at laptop scale, in the seeds' configuration (G1 and G2 keep
+    nothing, every reused block comes from G4) at gpt-oss-120b's KV geometry, compute from the seeds' cost
+    model in real time.
+
+    1. TTFT against prompt length: each length recomputed on an engine without a cache, then sent cold and
+       warm to the engine with G4 (the warm one fetches its KV from G4).
+    2. Shared prompts: `requests` drawn from `prompts` at `concurrency`, cache starting empty (the cold fill
+       included), against the same requests recomputed."""
+
+    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
+    requests: int = 32
+    prompts: int = 4
+    concurrency: int = 4
+    prompt_tokens: int = 4096
+    block_tokens: int = 256
+    time_scale: float = 1.0
+    model: str = "gpt-oss-120b"
+    seed: int = 0
+
+    def base(self, data_dir: Path) -> EngineConfig:
+        geometry = preset(self.model) if self.model else SMALL
+        data_dir.mkdir(parents=True, exist_ok=True)  # the harness looks up the disk it is on
+        return EngineConfig.seeds_g4(data_dir, geometry=geometry, block_tokens=self.block_tokens, g1_blocks=1,
+                                     g4_blocks=0, time_scale=self.time_scale, default_max_tokens=4)
+
+    def sweep(self, harness: Harness, data_dir: Path) -> tuple[list[RequestTruth], list[SweepRow]]:
+        harness.prefix = "sweep "
+        lengths = list(self.lengths)
+        recompute = recompute_sweep(self.base(data_dir / "recompute"), lengths, self.seed, harness.attached)
+        return recompute, ttft_sweep(self.base(data_dir / "cache"), lengths, self.seed, harness.attached)
+
+    def throughput(self, harness: Harness, data_dir: Path) -> tuple[LoadResult, LoadResult]:
+        harness.prefix = "shared-prompts "
+        return shared_prompts(self.base(data_dir), self.requests, self.prompts, self.concurrency, self.prompt_tokens,
+                              self.seed, engine_factory=harness.attached)
