@@ -15,7 +15,7 @@ Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockE
 
 Offload on the request path: making room (an eviction cascade out of G1 or G2), storing a computed block
 down (write-through, for a G1 that keeps nothing) and waiting for a free write-behind buffer are timed
-apart from the fetch, as `offload_seconds` (the engine takes it per request, between its first schedule
+apart from the fetch, on an OffloadClock (the engine takes it per request, between its first schedule
 and its first token). A G1 → G2 store's transfer seconds run from the start of the store to the block
 being in G2 or in a write-behind buffer: the copy and what it waited for first (room in G2, a free
 buffer), so the store timer an observer reads (vLLM's `kv_offload_store_time`) covers the eviction.
@@ -30,83 +30,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from kvscope.agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
 from kvscope.agent.reference.blocks import BlockId, stamp_block
 from kvscope.agent.reference.pools import MemoryPool
+from kvscope.agent.reference.store_types import (
+    G1,
+    G2,
+    G3,
+    G4,
+    MEDIUM,
+    ORDER,
+    BlockEvent,
+    FetchResult,
+    OffloadClock,
+    StoreObserver,
+    TierSpec,
+    Transfer,
+    _Tier,
+)
 from kvscope.agent.reference.write_behind import WriteBehind
 from kvscope.agent.tiers import Tier
 
+__all__ = ["MEDIUM", "BlockEvent", "FetchResult", "StoreObserver", "TierSpec", "TieredStore", "Transfer"]
+
 log = logging.getLogger("kvscope.reference.store")
-
-G1, G2, G3, G4 = Tier.G1, Tier.G2, Tier.G3, Tier.G4
-ORDER = (G1, G2, G3, G4)
-# KV-event medium and locality per tier, as vLLM ≥ 0.27 publishes them (facts/vllm.md §2.4); the GPU
-# block pool and the CPU offload tier send no locality.
-MEDIUM: dict[Tier, tuple[str, str | None]] = {
-    G1: ("GPU", None), G2: ("CPU", None), G3: ("STORAGE", "LOCAL"), G4: ("STORAGE", "REMOTE"),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TierSpec:
-    capacity_blocks: int  # 0: the tier is off (G1 and G2 still exist as working and staging memory)
-    retain: bool = True  # False: keeps nothing between requests
-    path: Path | None = None  # G3/G4 directory
-    direct: bool = False  # O_DIRECT for G3/G4 files (falls back to buffered where refused)
-
-
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    src: Tier
-    dst: Tier
-    bytes: int
-    seconds: float
-    start: float  # clock() at the start
-    background: bool = False  # done by the write-behind thread, not on behalf of the request in flight
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvent:
-    kind: str  # "stored" | "removed"
-    tier: Tier
-    block: BlockId
-
-
-class StoreObserver(Protocol):
-    def transfer(self, t: Transfer) -> None: ...
-    def block_event(self, e: BlockEvent) -> None: ...
-    def error(self, tier: Tier, kind: str) -> None: ...
-
-
-@dataclass
-class FetchResult:
-    blocks_by_tier: dict[Tier, int] = field(default_factory=dict)
-    seconds_by_tier: dict[Tier, float] = field(default_factory=dict)  # wall time bringing them to G1
-    bytes_by_tier: dict[Tier, int] = field(default_factory=dict)  # bytes moved off that tier
-    loaded: int = 0  # leading blocks now in G1
-    failed: bool = False  # a block could not be read; the rest of the prefix is recomputed
-
-
-class _Tier:
-    """Residency of one tier: LRU order of keys, plus pool slots for memory tiers."""
-
-    def __init__(self, tier: Tier, spec: TierSpec) -> None:
-        self.tier = tier
-        self.spec = spec
-        self.lru: OrderedDict[int, int] = OrderedDict()  # key → pool slot (memory) or 0 (file)
-
-    @property
-    def keeps(self) -> bool:
-        return self.spec.capacity_blocks > 0 and self.spec.retain
 
 
 class TieredStore:
@@ -145,35 +96,18 @@ class TieredStore:
         self.lock = threading.RLock()
         self.write_behind = WriteBehind(write_behind, block_bytes, block_tokens, self.files, clock, self.lock,
                                         self._write_landed)
-        self.offload_seconds = 0.0  # offload work on the request path since begin_request()
-        self._offload_depth = 0
-        self._request_thread: int | None = None
-
-    # -- offload on the request path -----------------------------------------------------------------
+        self.offload = OffloadClock(clock)
+        self._offloading = self.offload.timing
 
     def begin_request(self) -> None:
         """A request is scheduled: offload work on this thread counts for it from now on."""
         with self.lock:
-            self.offload_seconds = 0.0
-            self._request_thread = threading.get_ident()
+            self.offload.begin()
 
     def take_offload(self) -> float:
         """Offload seconds of the request since begin_request() (the engine reads it at the first token)."""
         with self.lock:
-            return self.offload_seconds
-
-    @contextmanager
-    def _offloading(self) -> Iterator[None]:
-        """Times the outermost stretch of offload work done on the request's thread (not the writer's)."""
-        counted = self._offload_depth == 0 and threading.get_ident() == self._request_thread
-        self._offload_depth += 1
-        t0 = self.clock()
-        try:
-            yield
-        finally:
-            self._offload_depth -= 1
-            if counted:
-                self.offload_seconds += self.clock() - t0
+            return self.offload.seconds
 
     def flush(self) -> None:
         """Waits until every queued write-behind has landed."""
