@@ -89,14 +89,14 @@ def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
 
 
 def format_sweep(rows: list[SweepRow]) -> str:
-    out = [f"{'tokens':>8} {'cold TTFT s':>12} {'warm TTFT s':>12} {'speedup':>8} {'reused':>8} "
-           f"{'fetch s':>8} {'fetch GB/s':>10} {'compute s':>10}"]
+    out = [f"{'tokens':>8} {'cold TTFT s':>12} {'cold offload s':>15} {'warm TTFT s':>12} {'speedup':>8} "
+           f"{'reused':>8} {'fetch s':>8} {'fetch GB/s':>10} {'compute s':>10}"]
     for r in rows:
         w = r.warm
         fetch, moved = w.fetch_total_s, sum(w.fetch_bytes.values())
-        out.append(f"{r.prompt_tokens:>8} {r.cold.ttft_s:>12.3f} {w.ttft_s:>12.3f} {r.speedup:>7.1f}x "
-                   f"{sum(w.tokens_by_tier.values()):>8} {fetch:>8.3f} {moved / fetch / 1e9 if fetch else 0:>10.2f} "
-                   f"{w.prefill_compute_s:>10.3f}")
+        out.append(f"{r.prompt_tokens:>8} {r.cold.ttft_s:>12.3f} {r.cold.offload_s:>15.3f} {w.ttft_s:>12.3f} "
+                   f"{r.speedup:>7.1f}x {sum(w.tokens_by_tier.values()):>8} {fetch:>8.3f} "
+                   f"{moved / fetch / 1e9 if fetch else 0:>10.2f} {w.prefill_compute_s:>10.3f}")
     return "\n".join(out) + "\n"
 
 

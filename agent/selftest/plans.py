@@ -79,7 +79,7 @@ class EvictionPlan:
 
     requests: int = 16
     prompts: int = 8
-    prompt_tokens: int = 2048
+    prompt_tokens: int = 4096
     concurrency: int = 1
     block_tokens: int = 256
     time_scale: float = 1.0
