@@ -32,12 +32,12 @@ from kvscope.agent.pipeline import (
 from kvscope.agent.records import RecordBuffer
 from kvscope.agent.scheduler import Job, Scheduler, analysis_job, collector_job
 from kvscope.agent.store import Store
+from kvscope.agent.webconfig import load_web_config
 from kvscope.collectors.gpu_nvml import NvmlCollector
 from kvscope.collectors.registry import collector_specs
 from kvscope.exporters import jsonl
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.jsonl import JsonlSink
-from kvscope.exporters.webconfig import load_web_config
 
 SINK_METRICS: tuple[MetricSpec, ...] = jsonl.METRICS
 
@@ -124,6 +124,6 @@ def build_agent(
     prom = config.exporters.prometheus
     if prom.enabled:
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
-        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file))
+        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)

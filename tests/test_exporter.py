@@ -19,9 +19,9 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter, gauge, hi
 from kvscope.agent.config import ConfigError
 from kvscope.agent.readings import HistogramSample, Sample
 from kvscope.agent.store import Store
+from kvscope.agent.webconfig import load_web_config
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.prometheus import StoreCollector, TextRenderer
-from kvscope.exporters.webconfig import load_web_config
 
 SPECS = [
     *AGENT_METRICS,
