@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kvscope import __version__
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
-from kvscope.agent.config import Config, parse_listen
+from kvscope.agent.config import Config, ConfigError, parse_listen
 from kvscope.agent.contract import CONTRACT_METRICS
 from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
 from kvscope.agent.correlation.options import CorrelationOptions
@@ -77,6 +77,20 @@ class Agent:
         self.scheduler.stop()
         for sink in reversed(self.sinks):
             sink.stop()
+
+    def reload(self) -> list[str]:
+        """On SIGHUP: every stage with a `reload()` (the HTTP servers: their web config files) re-reads what
+        it can without a restart. Returns one line per stage that could not; its old settings stay."""
+        problems = []
+        for name, part in [*(("exporters", s) for s in self.sinks), *self.collectors.items()]:
+            reload = getattr(part, "reload", None)
+            if reload is None:
+                continue
+            try:
+                reload()
+            except ConfigError as exc:
+                problems.append(f"{name}: {exc}")
+        return problems
 
 
 def build_agent(
