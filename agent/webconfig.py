@@ -108,6 +108,10 @@ def _tls_context(path: str, section: Any, base: str) -> ssl.SSLContext:
         raise ConfigError(f"{where}: cert_file and key_file are both required")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No TLS 1.3 session tickets: asyncio's TLS leaves them unsent after the handshake, and so held the first
+    # response on each new connection ~40 ms (measured: 41-46 ms, 0.6 ms without). A scraper keeps its
+    # connection alive, so resumption would save little.
+    context.num_tickets = 0
     try:
         context.load_cert_chain(resolve("cert_file"), resolve("key_file"))
     except (OSError, ssl.SSLError) as exc:
