@@ -10,6 +10,7 @@ handled or answered it is busy and is not closed for anyone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -208,4 +209,5 @@ class Connection:
 def _close_iterator(body: Iterable[bytes]) -> None:
     close = getattr(body, "close", None)
     if close is not None:
-        close()
+        with contextlib.suppress(ValueError):  # still running on a worker (the server is stopping): it ends there
+            close()

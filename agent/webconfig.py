@@ -84,6 +84,8 @@ def load_web_config(path: str) -> WebConfig:
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise ConfigError(f"{path}: basic_auth_users.{user}: expected a bcrypt hash ($2y$...)")
+        if not 4 <= int(hashed.split("$")[2]) <= 31:
+            raise ConfigError(f"{path}: basic_auth_users.{user}: bcrypt cost must be 4..31")
         hashes[str(user)] = hashed.encode()
     auth = None
     if hashes:
