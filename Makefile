@@ -5,20 +5,22 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export KVSCOPE_REQUIRE_TOOLS ?= 1
 
-.PHONY: all run test lint typecheck unit bench tools gpu-check clean
+.PHONY: all run test lint typecheck unit bench fuzz tools gpu-check dashboards clean
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,web,reference]'
+	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards,otlp,otlp-grpc]'
 	touch $@
 
-# promtool, ss and mkfs.ext4 (tests), node_exporter and fio (benchmarks) from Debian's packages when missing.
+# promtool and prometheus, amtool and alertmanager, ss and mkfs.ext4 (tests), node_exporter and fio
+# (benchmarks) from Debian's packages when missing.
 tools:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null || missing="$$missing prometheus-node-exporter"; \
 	command -v fio >/dev/null || missing="$$missing fio"; \
 	command -v ss >/dev/null || missing="$$missing iproute2"; \
@@ -40,11 +42,20 @@ lint: $(STAMP)
 test: $(STAMP) tools lint
 	$(BIN)/pytest
 
+# >= 100,000 inputs into every parser and decoder of the agent's inputs; counts and crashes per target,
+# crashing inputs kept in fuzz-crashes/ (tests/fuzz.py; about a minute on 2 cores)
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz
+
 bench: $(STAMP) tools
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Regenerates the Grafana JSON and the Kubernetes PrometheusRule from dashboards/ (a test fails when stale).
+dashboards: $(STAMP)
+	$(BIN)/python scripts/build_dashboards.py
 
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-crashes

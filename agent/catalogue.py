@@ -127,4 +127,8 @@ AGENT_METRICS = (
     counter("kvscope_store_rejected_readings_total", "", ("collector",),
             "Readings dropped because they named no catalogued metric or had the wrong label count.",
             "store"),
+    counter("kvscope_store_invalid_values_total", "", ("collector",),
+            "Readings dropped because their value is impossible for the metric: a negative, NaN or infinite "
+            "counter (or one at or above its wrap modulus), a histogram with such a count or a non-finite "
+            "sum. The series is left out of that collection.", "store"),
 )

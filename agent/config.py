@@ -77,10 +77,48 @@ class JsonlSection:
             raise ConfigError(f"{path}.path: a file path is required when enabled")
 
 
+OtlpProtocol = Literal["", "http/protobuf", "grpc"]
+OtlpCompression = Literal["", "none", "gzip"]
+
+
+@dataclass
+class OtlpSection:
+    """OTLP export: the store's metrics and one attribution trace per request, each on or off by itself.
+
+    An empty or unset key falls back to the standard OTEL_EXPORTER_OTLP_* variable, then to the OTel
+    default (exporters/otlp_settings.py resolves them; docs/otlp-export.md lists them).
+    """
+
+    metrics: bool = False  # export every catalogued metric
+    traces: bool = False  # export each attributed request as a trace
+    endpoint: str = ""  # base URL for both signals (HTTP appends /v1/metrics, /v1/traces)
+    metrics_endpoint: str = ""  # full URL for metrics, used as it is
+    traces_endpoint: str = ""  # full URL for traces, used as it is
+    protocol: OtlpProtocol = ""  # http/protobuf (the default) or grpc (the otlp-grpc extra)
+    headers: dict[str, str] = field(default_factory=dict)
+    compression: OtlpCompression = ""
+    certificate: str = ""  # CA bundle for an https endpoint
+    timeout: float | None = None  # seconds one export may take, retries included
+    interval: float | None = None  # seconds between metric exports
+    queue_size: int | None = None  # attributed requests waiting for export; more are dropped and counted
+    batch_size: int | None = None  # attributed requests per trace export
+
+    def validate(self, path: str) -> None:
+        for name in ("timeout", "interval"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(f"{path}.{name}", value)
+        for name in ("queue_size", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{path}.{name}: must be >= 1, got {value}")
+
+
 @dataclass
 class ExportersSection:
     prometheus: PrometheusSection = field(default_factory=PrometheusSection)
     jsonl: JsonlSection = field(default_factory=JsonlSection)
+    otlp: OtlpSection = field(default_factory=OtlpSection)
 
 
 @dataclass

@@ -44,9 +44,9 @@ CONTRACT_METRICS = (
     gauge(TIER_CAPACITY_TOKENS, "tokens", (*_E, "tier"), "KV capacity of the tier in tokens.",
           "engine config"),
     gauge(TIER_USED_BYTES, "bytes", (*_E, "tier"),
-          "KV bytes resident in the tier: resident blocks x the KV events' block_size (tokens per block) x the "
-          "configured kv_bytes_per_token (the model's KV geometry); absent while any of the three is unknown.",
-          "KV events"),
+          "KV bytes resident in the tier, where a source says it: from KV events, resident blocks x the events' "
+          "block_size x the configured kv_bytes_per_token (absent while any is unknown); from LMCache, its usage "
+          "per backend.", "KV events, LMCache"),
     gauge(KV_RESIDENT_BLOCKS, "blocks", (*_E, "tier"), "KV blocks resident in the tier.", "KV events"),
     histogram(TTFT_SECONDS, "seconds", _E, "Time to first token (engine's definition).", "engine"),
     histogram(QUEUE_SECONDS, "seconds", _E, "Time requests waited before first being scheduled.",
@@ -56,4 +56,61 @@ CONTRACT_METRICS = (
               "engine"),
     gauge(REQUESTS_RUNNING, "requests", _E, "Requests in the running batch.", "engine"),
     gauge(REQUESTS_WAITING, "requests", _E, "Requests waiting to be scheduled.", "engine"),
+)
+
+# -- added with the Dynamo KVBM, Dynamo, LMCache and SGLang adapters (docs/engines.md) -------------
+
+KV_TRANSFER_BLOCKS = "kvscope_kv_transfer_blocks_total"
+KV_TRANSFER_TOKENS = "kvscope_kv_transfer_tokens_total"
+KV_TRANSFER_FAILED_BLOCKS = "kvscope_kv_transfer_failed_blocks_total"
+KV_TRANSFER_BANDWIDTH = "kvscope_kv_transfer_bandwidth_bytes_per_second"
+CONNECTOR_LOOKUP_TOKENS = "kvscope_connector_lookup_tokens_total"
+CONNECTOR_HIT_TOKENS = "kvscope_connector_hit_tokens_total"
+ENGINE_HIT_RATIO = "kvscope_engine_hit_ratio"
+TIER_USED_TOKENS = "kvscope_tier_used_tokens"
+TIER_PLACEMENT_INFO = "kvscope_tier_placement_info"
+KV_BLOCK_SIZE_TOKENS = "kvscope_kv_block_size_tokens"
+PREEMPTIONS = "kvscope_preemptions_total"
+KV_LOAD_SECONDS = "kvscope_kv_load_seconds"
+KV_STORE_SECONDS = "kvscope_kv_store_seconds"
+KV_CACHED_TOKENS = "kvscope_kv_cached_tokens_total"
+
+ENGINE_EXTRA_METRICS = (
+    counter(KV_TRANSFER_BLOCKS, "blocks", (*_E, "src", "dst"),
+            "KV blocks moved from tier src to tier dst, for engines that count blocks (Dynamo KVBM).", "engine"),
+    counter(KV_TRANSFER_TOKENS, "tokens", (*_E, "src", "dst"),
+            "Tokens of KV moved from tier src to tier dst, for engines that count tokens (SGLang HiCache).",
+            "engine"),
+    counter(KV_TRANSFER_FAILED_BLOCKS, "blocks", (*_E, "src", "dst"),
+            "KV blocks whose move from src to dst failed (KVBM object-store read and write failures).", "engine"),
+    histogram(KV_TRANSFER_BANDWIDTH, "bytes_per_second", (*_E, "src", "dst"),
+              "Bandwidth of each batch moved from src to dst as the engine observed it (SGLang HiCache prefetch "
+              "and backup; its GB/s taken as 1e9 bytes per second).", "engine"),
+    counter(CONNECTOR_LOOKUP_TOKENS, "tokens", _E,
+            "Prompt tokens the engine asked its KV connector for (those its own G1 cache did not hold).", "engine"),
+    counter(CONNECTOR_HIT_TOKENS, "tokens", _E,
+            "Prompt tokens the KV connector found in its tiers, all tiers together, as the connector counts them "
+            "(KVBM matched_tokens, LMCache hit tokens).", "engine"),
+    gauge(ENGINE_HIT_RATIO, "ratio", (*_E, "tier", "source_metric"),
+          "A hit rate exactly as the engine reports it (its own window or definition, named by source_metric); "
+          "kvscope's hit rates are computed from the token counters in PromQL.", "engine"),
+    gauge(TIER_USED_TOKENS, "tokens", (*_E, "tier"), "Tokens of KV resident in the tier, as the engine reports it.",
+          "engine"),
+    gauge(TIER_PLACEMENT_INFO, "", ("engine", "pool", "tier", "path", "mount", "fstype", "decided_by"),
+          "Always 1: which tier an engine's storage pool was placed in, and why (decided_by: mount_type from the "
+          "mount table, config, or default when the mount was not found).", "mount table, config"),
+    gauge(KV_BLOCK_SIZE_TOKENS, "tokens", (*_E, "source"),
+          "Tokens per KV block the adapter converts block counts with; source: config, or the page it learned it "
+          "from.", "engine config"),
+    counter(PREEMPTIONS, "", _E,
+            "Requests preempted (vLLM) or retracted (SGLang) because KV space ran out: KV pressure.", "engine"),
+    counter(KV_CACHED_TOKENS, "tokens", _E,
+            "Prompt tokens served from the KV cache, all tiers together, as a frontend counts them per request "
+            "(Dynamo); the split by tier is kvscope_kv_hit_tokens_total from the engine adapters.", "engine"),
+    histogram(KV_LOAD_SECONDS, "seconds", _E,
+              "Time of each load of KV from a connector's tiers toward G1, as the connector times it (LMCache "
+              "retrieve).", "engine"),
+    histogram(KV_STORE_SECONDS, "seconds", _E,
+              "Time of each store of KV from G1 into a connector's tiers, as the connector times it (LMCache store).",
+              "engine"),
 )

@@ -14,6 +14,8 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "web": (("yaml", "bcrypt"), "a web config file (TLS, basic auth)"),
     "reference": (("numpy", "xxhash", "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http", "matplotlib"),
                   "the reference pipeline, self-test, demo and report charts"),
+    "otlp": (("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"), "OTLP export over HTTP"),
+    "otlp-grpc": (("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc", "grpc"), "OTLP export over gRPC"),
 }
 
 

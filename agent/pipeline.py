@@ -45,6 +45,8 @@ class CollectorContext:
     wall_clock: Callable[[], float] = time.time
     # where per-request sources (OTLP spans) put their records for the correlation analysis
     request_records: RecordBuffer = field(default_factory=RecordBuffer)
+    # the collectors config enables (engine autodetection stands down when an engine adapter is among them)
+    enabled_collectors: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,10 @@ class RequestRecord:
     fetch_intervals: tuple[Interval, ...] = ()
     compute_intervals: tuple[Interval, ...] = ()
     source: str = ""  # otlp, aiperf, reference: for the JSONL output
+    # the engine's own span for the request (W3C ids: 16 and 8 bytes), where the source had one: the OTLP
+    # trace exporter makes its attribution span a child of it
+    trace_id: bytes | None = None
+    span_id: bytes | None = None
 
     @property
     def new_tokens(self) -> int | None:

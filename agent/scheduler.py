@@ -7,6 +7,10 @@ analysis), counts `kvscope_collector_errors_total`, and is retried with exponent
 call is never abandoned into a second concurrent call: the job is retried only once the stuck call has
 returned. Threads are daemons, so a collector stuck in a system call cannot keep the agent from
 shutting down.
+
+A worker thread never ends while the agent runs (it takes whatever a call raises as that call's
+error). Should it end all the same, its job reports up=0 for that run and gets a fresh worker: a dead
+worker is never waited on as if it were a hung call.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ class _Worker:
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=f"collect-{name}", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def submit(self) -> None:
         self.result, self.error = None, None
@@ -125,8 +133,12 @@ class Scheduler:
         self.store.set_gauge("kvscope_store_series", ("exported",), float(exported), now)
 
     def _run(self, job: Job) -> None:
-        worker = _Worker(job.name, lambda: list(job.run()))
+        def call() -> list[Reading]:
+            return list(job.run())
+
+        worker = _Worker(job.name, call)
         start = job.start
+        invalid_logged = False
         failures = 0
         next_due = self._clock()
         last_error = ""
@@ -140,10 +152,14 @@ class Scheduler:
                     start = None
                 except Exception as exc:
                     error = f"start failed: {exc!r}"
-            if not error:
+            if not error and not worker.alive:
+                worker = _Worker(job.name, call)
+                error = "its worker thread had stopped; started a new one"
+            elif not error:
                 worker.submit()
                 if not worker.done.wait(job.timeout):
-                    error = f"no answer within its {job.timeout:g} s timeout"
+                    error = (f"no answer within its {job.timeout:g} s timeout" if worker.alive
+                             else "its worker thread stopped during the call")
                 elif worker.error is not None:
                     # str() of an OSError names the file (a missing /host/proc/diskstats); repr() does not
                     error = f"raised {type(worker.error).__name__}: {worker.error}"
@@ -152,6 +168,11 @@ class Scheduler:
                     ingested = True
                     if result.rejected:
                         error = f"returned {result.rejected} readings that are not catalogued"
+                    if result.invalid and not invalid_logged:
+                        invalid_logged = True
+                        log.warning("%s %s: %d reading(s) with an impossible value (a negative or non-finite "
+                                    "counter, ...) were left out (kvscope_store_invalid_values_total; logged "
+                                    "once)", job.kind, job.name, result.invalid)
             duration = self._clock() - began
             if error:
                 failures += 1
@@ -164,7 +185,7 @@ class Scheduler:
                 delay = min(job.interval * 2.0 ** min(failures, 16), self.max_backoff)
                 next_due = self._clock() + delay
                 # a hung call is waited out: never two calls into one collector at once
-                while not worker.done.is_set() and not self._stop.wait(min(delay, 1.0)):
+                while not worker.done.is_set() and worker.alive and not self._stop.wait(min(delay, 1.0)):
                     pass
             else:
                 if last_error:

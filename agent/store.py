@@ -5,6 +5,12 @@ total: a source counter that goes backwards (an engine restart, a re-created dev
 its new value counts from zero; a counter of known width that goes backwards is a wrap. Either way
 no delta is ever negative and the exported total never decreases while the series is held.
 
+A value no counter can have (negative, NaN, infinite, at or above its wrap modulus; for a histogram a
+negative or non-finite count or a non-finite sum), or one that would take a total past what a float
+holds, is rejected before it touches the series and counted in `kvscope_store_invalid_values_total`:
+the series is left out of that collection, as if the source had not reported it, and continues from
+its last valid value.
+
 No history is kept: the exposition and the analyses read current values only (an analysis that
 needs rates keeps its own previous values).
 
@@ -26,6 +32,7 @@ series that vanishes from a target:
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -55,7 +62,8 @@ class Series:
 @dataclass(slots=True)
 class IngestResult:
     accepted: int = 0
-    rejected: int = 0
+    rejected: int = 0  # not catalogued, or the wrong label count or kind
+    invalid: int = 0  # a value the metric cannot have (a negative or non-finite counter, ...)
     resets: int = 0
 
 
@@ -71,6 +79,25 @@ def _fits(spec: MetricSpec, reading: Reading) -> bool:
     return len(spec.labels) == len(reading.labels) and (
         (spec.type == "histogram") == isinstance(reading, HistogramSample)
     )
+
+
+class _Overflow(Exception):
+    """The reading would take a total past the largest float: rejected like an impossible value."""
+
+
+def _count(value: float) -> bool:
+    """A value a cumulative count can have: finite and not negative (NaN fails both tests)."""
+    return 0.0 <= value < math.inf
+
+
+def _valid(spec: MetricSpec, reading: Reading) -> bool:
+    if isinstance(reading, HistogramSample):
+        return (_count(reading.count) and math.isfinite(reading.sum)
+                and all(_count(n) for _, n in reading.buckets))
+    if spec.type != "counter":
+        return True  # a gauge may be negative, and NaN is a gauge value Prometheus takes
+    modulus = reading.wrap_modulus
+    return _count(reading.value) and (modulus is None or reading.value < modulus)
 
 
 class Store:
@@ -99,12 +126,19 @@ class Store:
                 if spec is None or not _fits(spec, reading):
                     result.rejected += 1
                     continue
+                if not _valid(spec, reading):
+                    result.invalid += 1
+                    continue
                 if series is None:
                     series = self._series[key] = Series(spec, reading.labels)
-                if isinstance(reading, HistogramSample):
-                    result.resets += self._apply_histogram(series, reading)
-                else:
-                    result.resets += self._apply_scalar(series, reading)
+                try:
+                    if isinstance(reading, HistogramSample):
+                        result.resets += self._apply_histogram(series, reading)
+                    else:
+                        result.resets += self._apply_scalar(series, reading)
+                except _Overflow:  # never on a new series: a first value is taken as it is
+                    result.invalid += 1
+                    continue
                 seen.add(key)
                 result.accepted += 1
             self._replace_owned_locked(owner, seen)
@@ -112,6 +146,8 @@ class Store:
                 self._bump_locked("kvscope_source_resets_total", (owner,), result.resets)
             if result.rejected:
                 self._bump_locked("kvscope_store_rejected_readings_total", (owner,), result.rejected)
+            if result.invalid:
+                self._bump_locked("kvscope_store_invalid_values_total", (owner,), result.invalid)
         return result
 
     def collection_failed(self, owner: str, now: float) -> None:
@@ -177,22 +213,24 @@ class Store:
     @staticmethod
     def _apply_scalar(series: Series, reading: Sample) -> int:
         raw = reading.value
-        resets = 0
-        if series.spec.type == "counter":
-            last = series.last_raw
-            if last is None:
-                series.value = raw
-            elif raw >= last:
-                series.value += raw - last
-            elif reading.wrap_modulus is not None:
-                series.value += raw + reading.wrap_modulus - last
-                resets = 1
-            else:
-                series.value += raw
-                resets = 1
-            series.last_raw = raw
-        else:
+        if series.spec.type != "counter":
             series.value = raw
+            return 0
+        last, modulus = series.last_raw, reading.wrap_modulus
+        resets = 0
+        if last is None:
+            total = raw
+        elif raw >= last:
+            total = series.value + (raw - last)
+        elif modulus is not None and last < modulus:  # a wrap (a last value past the modulus cannot wrap)
+            total = series.value + (raw + modulus - last)
+            resets = 1
+        else:
+            total = series.value + raw
+            resets = 1
+        if not total < math.inf:
+            raise _Overflow
+        series.value, series.last_raw = total, raw
         return resets
 
     @staticmethod
@@ -202,21 +240,20 @@ class Store:
         resets = 0
         if bounds != series.bounds:
             # first sight, or the source changed its bucket layout: a new series from here on
-            series.bounds, series.buckets = bounds, list(raw)
-            series.hist_sum, series.value = reading.sum, reading.count
+            buckets, total, count = list(raw), reading.sum, reading.count
         elif reading.count < (series.last_raw or 0.0) or any(
             r < p for r, p in zip(raw, series.last_raw_buckets, strict=True)
         ):
-            series.buckets = [b + r for b, r in zip(series.buckets, raw, strict=True)]
-            series.hist_sum += reading.sum
-            series.value += reading.count
+            buckets = [b + r for b, r in zip(series.buckets, raw, strict=True)]
+            total, count = series.hist_sum + reading.sum, series.value + reading.count
             resets = 1
         else:
-            series.buckets = [
-                b + r - p for b, r, p in zip(series.buckets, raw, series.last_raw_buckets, strict=True)
-            ]
-            series.hist_sum += reading.sum - series.last_raw_sum
-            series.value += reading.count - (series.last_raw or 0.0)
+            buckets = [b + r - p for b, r, p in zip(series.buckets, raw, series.last_raw_buckets, strict=True)]
+            total = series.hist_sum + (reading.sum - series.last_raw_sum)
+            count = series.value + (reading.count - (series.last_raw or 0.0))
+        if not (math.isfinite(total) and count < math.inf and all(b < math.inf for b in buckets)):
+            raise _Overflow
+        series.bounds, series.buckets, series.hist_sum, series.value = bounds, buckets, total, count
         series.last_raw, series.last_raw_buckets, series.last_raw_sum = reading.count, raw, reading.sum
         return resets
 

@@ -4,16 +4,20 @@ sources (collectors) → store → analyses → sinks. Shared objects are made h
 users as typed constructor arguments: the request-record buffer (OTLP receiver → correlation
 analysis, sized by `analyses.correlation.record_buffer`), the GPU busy intervals (NVML collector, or
 whatever the caller passes, → correlation analysis) and the request sinks (correlation analysis →
-JSON Lines). Nothing on this path imports the reference pipeline, the self-test or the offline reports.
+JSON Lines, OTLP traces). Nothing on this path imports the reference pipeline, the self-test or the
+offline reports, nor the OpenTelemetry SDK unless an OTLP exporter is enabled (the `otlp` extra).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvscope import __version__
+from kvscope.agent import extras
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
 from kvscope.agent.config import Config, ConfigError, parse_listen
 from kvscope.agent.contract import CONTRACT_METRICS
@@ -35,11 +39,12 @@ from kvscope.agent.store import Store
 from kvscope.agent.webconfig import load_web_config
 from kvscope.collectors.gpu_nvml import NvmlCollector
 from kvscope.collectors.registry import collector_specs
-from kvscope.exporters import jsonl
+from kvscope.exporters import jsonl, otlp_settings
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.jsonl import JsonlSink
 
-SINK_METRICS: tuple[MetricSpec, ...] = jsonl.METRICS
+log = logging.getLogger("kvscope.wiring")
+SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS)
 
 
 def components() -> Components:
@@ -100,15 +105,18 @@ def build_agent(
     gpu_intervals: GpuIntervals | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    environ: Mapping[str, str] | None = None,
 ) -> Agent:
     """Builds every enabled stage. `gpu_intervals` stands in for the NVML collector's busy/idle samples
-    (the self-test passes the reference engine's device slot)."""
+    (the self-test passes the reference engine's device slot); `environ` is where the OTLP exporters read
+    the standard OTEL_* variables (the process environment by default)."""
     parts = components() if parts is None else parts
     store = Store(build_catalogue(parts), stale_after=config.agent.stale_after)
     correlation = config.analyses.get(CORRELATION_SPEC.name)
     capacity = correlation[1].record_buffer if correlation is not None else CorrelationOptions().record_buffer
     records = RecordBuffer(capacity)
-    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records)
+    enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
+    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled)
 
     jobs: list[Job] = []
     collectors: dict[str, Collector] = {}
@@ -126,6 +134,10 @@ def build_agent(
         writer = JsonlSink(config.exporters.jsonl.path, store, wall_clock=wall_clock)
         sinks.append(writer)
         request_sinks.append(writer)
+    environ = os.environ if environ is None else environ
+    otlp = otlp_settings.resolve(config.exporters.otlp, environ)
+    if otlp.metrics is not None or otlp.traces is not None:
+        sinks.extend(_otlp_sinks(otlp, store, request_sinks, environ, wall_clock))
     inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock)
     analyses: dict[str, Analysis] = {}
     for name, (settings, options) in config.analyses.items():
@@ -141,3 +153,28 @@ def build_agent(
         server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
+
+
+def _otlp_sinks(settings: otlp_settings.OtlpSettings, store: Store, request_sinks: list[RequestSink],
+                environ: Mapping[str, str], wall_clock: Callable[[], float]) -> list[Sink]:
+    """The OTLP metrics and trace exporters that are enabled; the SDK is imported only here."""
+    extras.require("otlp", "exporters.otlp")
+    from kvscope.exporters import otlp_sdk
+    from kvscope.exporters.otlp_metrics import OtlpMetricsSink, StoreMetrics
+    from kvscope.exporters.otlp_spans import AttributionSpans, OtlpTracesSink
+
+    resource, scope = otlp_sdk.resource(environ, __version__), otlp_sdk.scope(__version__)
+    out: list[Sink] = []
+    if settings.metrics is not None:
+        dest = settings.metrics
+        out.append(OtlpMetricsSink(store, StoreMetrics(store, resource, scope), otlp_sdk.metric_exporter(dest),
+                                   settings.interval, dest.timeout, wall_clock))
+        log.info("exporting %s every %g s", dest.describe(), settings.interval)
+    if settings.traces is not None:
+        dest = settings.traces
+        traces = OtlpTracesSink(store, AttributionSpans(resource, scope), otlp_sdk.span_exporter(dest),
+                                settings.queue_size, settings.batch_size, wall_clock)
+        out.append(traces)
+        request_sinks.append(traces)
+        log.info("exporting %s, one trace per attributed request", dest.describe())
+    return out

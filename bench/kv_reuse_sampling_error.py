@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvscope.collectors.kv_residency import ReuseTracker
+from kvscope.collectors.kv_reuse import ReuseTracker
 
 MIN_BOUND = 256.0
 RATES = (1 / 4, 1 / 16, 1 / 64)

@@ -19,10 +19,9 @@ Parsing is a pure function of the text: a bad line is counted and skipped, never
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvscope.agent.records import RequestRecord
 
@@ -77,18 +76,24 @@ class ServerMetricsExport:
     bad_entries: int = 0
 
 
+def _finite(value: Any) -> TypeGuard[int | float]:
+    """A JSON number that fits a float (json.loads makes ints of any size: 10**400 overflows float())."""
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and -1e308 < value < 1e308)  # compares in exact arithmetic: no OverflowError, NaN fails
+
+
 def _seconds(metric: Any) -> float | None:
     if not isinstance(metric, dict):
         return None
     value, unit = metric.get("value"), str(metric.get("unit", "ms")).lower()
-    if isinstance(value, bool) or not isinstance(value, int | float) or unit not in _TO_SECONDS:
+    if not _finite(value) or unit not in _TO_SECONDS:
         return None
-    return float(value) * _TO_SECONDS[unit] if math.isfinite(value) and value >= 0 else None
+    return float(value) * _TO_SECONDS[unit] if value >= 0 else None
 
 
 def _count(metric: Any) -> int | None:
     value = metric.get("value") if isinstance(metric, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    if not _finite(value) or value < 0:
         return None
     return int(value)
 
@@ -122,7 +127,7 @@ def parse_profile_export(text: str) -> ProfileExport:
             continue
         try:
             out.requests.append(parse_profile_line(line))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # json.loads: RecursionError on deep nesting
             out.bad_lines += 1
     return out
 
@@ -145,7 +150,10 @@ def to_record(request: AiperfRequest, engine: str, model: str, dp_rank: str = "0
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"not a number: {value!r}")
-    return float(value)  # "+Inf" as a bucket bound parses too
+    try:
+        return float(value)  # "+Inf" as a bucket bound parses too
+    except OverflowError:  # an int past float's range
+        raise ValueError("number out of range") from None
 
 
 def parse_entry(name: str, raw: Any) -> ScrapeEntry:
@@ -178,7 +186,7 @@ def parse_server_metrics(text: str) -> ServerMetricsExport:
             timestamp = data["timestamp_ns"]
             if not isinstance(metrics, dict) or isinstance(timestamp, bool) or not isinstance(timestamp, int):
                 raise ValueError("metrics must be an object and timestamp_ns an integer")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # json.loads: RecursionError on deep nesting
             out.bad_lines += 1
             continue
         entries = []

@@ -29,7 +29,14 @@ from typing import NamedTuple, cast
 from kvscope.agent.catalogue import counter
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import (
+    INPUT_ERRORS,
+    InputErrors,
+    NameFilter,
+    check_patterns,
+    parse_u64s,
+    read_text,
+)
 
 log = logging.getLogger("kvscope.collectors.disk")
 
@@ -79,15 +86,16 @@ def parse_diskstats(text: str) -> tuple[dict[str, DiskCounters], int]:
         f = line.split()
         if not f:
             continue
-        try:
-            if len(f) >= 14:
-                out[f[2]] = DiskCounters(int(f[3]), int(f[5]), int(f[7]), int(f[9]), int(f[12]))
-            elif len(f) == 7:
-                out[f[2]] = DiskCounters(int(f[3]), int(f[4]), int(f[5]), int(f[6]), 0)
-            else:
-                bad += 1
-        except ValueError:
+        if len(f) >= 14:
+            values = parse_u64s(f[i] for i in (3, 5, 7, 9, 12))
+        elif len(f) == 7:
+            values = parse_u64s((f[3], f[4], f[5], f[6], "0"))
+        else:
+            values = None
+        if values is None:  # a short line, or a field that is no kernel counter (a sign, > 64 bits, ...)
             bad += 1
+            continue
+        out[f[2]] = DiskCounters(*values)
     return out, bad
 
 

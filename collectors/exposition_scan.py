@@ -16,7 +16,9 @@ Format points handled (the spec and prometheus_client's writer):
   unescaped quote, a duplicate or invalid label name makes the line malformed);
 - values as Python floats read them, including exponent forms, `+Inf`, `-Inf` and `NaN`
   (digit-group underscores, which Python would accept, are rejected as the format has none);
-- a text that does not end in a newline was cut off: its last line is dropped and reported.
+- a text that does not end in a newline may have been cut off: its last line is dropped and reported
+  (`truncated`), unless the caller knows the text is whole (`complete`: HTTP's Content-Length was met),
+  in which case the last line is read like any other (many pages in the wild lack the final newline).
 
 Malformed lines are counted, the first one is described (for a log line), and the scan goes on.
 Label sets are parsed once per distinct label text and kept in a bounded per-scanner cache: a
@@ -47,7 +49,7 @@ class ScanResult:
 
     samples: dict[str, SampleList] = field(default_factory=dict)
     malformed: int = 0  # sample lines of a selected family that could not be read
-    truncated: bool = False  # the text did not end in a newline; its last line was dropped
+    truncated: bool = False  # the text did not end in a newline and was not known whole; last line dropped
     first_problem: str = ""  # the first malformed line, described for a log message
 
 
@@ -154,11 +156,15 @@ class ExpositionScanner:
             cached = self._labels[body] = _BAD if parsed is None else parsed
         return cached
 
-    def scan(self, text: str) -> ScanResult:
+    def scan(self, text: str, complete: bool = False) -> ScanResult:
+        """The selected samples of `text`. `complete`: the text is known to be whole, so a last line
+        without a newline is a line, not a cut-off one."""
         result = ScanResult()
         lines = text.split("\n")
-        tail = lines.pop()  # "" when the text ends in a newline, else a line that was cut off
-        if tail:
+        tail = lines.pop()  # "" when the text ends in a newline, else a last line, perhaps cut off
+        if tail and complete:
+            lines.append(tail)
+        elif tail:
             result.truncated = True
             if tail.startswith(self._prefixes):
                 self._problem(result, tail, "cut off (no final newline)", len(lines) + 1)

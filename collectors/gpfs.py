@@ -25,7 +25,7 @@ from typing import Literal
 
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, parse_u64
 from kvscope.collectors.shared_fs import (
     FS_METRICS,
     FsTotals,
@@ -65,13 +65,6 @@ class FsIoS:
     responses: int = 0  # fs_io_s lines seen, good or bad
 
 
-def _u64(text: str | None) -> int | None:
-    if text is None or not (text.isascii() and text.isdigit()):
-        return None
-    value = int(text)
-    return value if value < 1 << 64 else None
-
-
 def parse_fs_io_s(text: str) -> FsIoS:
     """`mmpmon -p` output → per file system bytes. Lines of other responses (`_end_`, ...) are ignored."""
     out = FsIoS()
@@ -86,16 +79,17 @@ def parse_fs_io_s(text: str) -> FsIoS:
             continue
         kv = dict(zip(pairs[::2], pairs[1::2], strict=True))
         rc_text = kv.get("_rc_", "")
-        if not rc_text.lstrip("-").isdigit():
+        magnitude = parse_u64(rc_text.removeprefix("-"))  # a return code: a small int, maybe negative
+        if magnitude is None:
             out.malformed.append(line)
             continue
-        rc = int(rc_text)
+        rc = -magnitude if rc_text.startswith("-") else magnitude
         if rc == RC_NO_FILESYSTEMS:
             continue
         if rc != 0:
             out.failed.append((kv.get("_fs_", "?"), rc))
             continue
-        fs, read, written = kv.get("_fs_"), _u64(kv.get("_br_")), _u64(kv.get("_bw_"))
+        fs, read, written = kv.get("_fs_"), parse_u64(kv.get("_br_", "")), parse_u64(kv.get("_bw_", ""))
         if not fs or read is None or written is None:
             out.malformed.append(line)
             continue

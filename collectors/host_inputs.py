@@ -1,5 +1,6 @@
 """The input side every host collector (disk, network, rdma, nfs, lustre, gpfs) shares: small-file
-reads, device and interface name filters, the input-error counter, and which whole disk holds a path.
+reads, the kernel-counter number parser, device and interface name filters, the input-error counter,
+and which whole disk holds a path.
 
 Kernel files are read whole with one `open`/`read` each; callers pass paths built from the
 injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
@@ -30,6 +31,33 @@ REGEX_PREFIX = "re:"
 def read_text(path: str) -> str:
     with open(path, encoding="ascii", errors="replace") as fh:
         return fh.read()
+
+
+U64_DIGITS = len(str(2**64 - 1))  # 20
+
+
+def parse_u64(token: str) -> int | None:
+    """A kernel or client-tool counter: decimal ASCII digits of an unsigned 64-bit value, else None.
+
+    Everything these collectors read is an unsigned counter of at most 64 bits (`%llu`, `%u`). A sign,
+    an underscore, non-ASCII digits, or more than 20 digits is not one: `int()` would take `-5`, `1_0`
+    and `٣`, raise ValueError past 4,300 digits, and a 400-digit value would overflow float() later. The
+    caller skips the line or file and counts it; the rest of the input is still reported."""
+    if not (0 < len(token) <= U64_DIGITS and token.isascii() and token.isdigit()):
+        return None
+    value = int(token)
+    return value if value < 1 << 64 else None
+
+
+def parse_u64s(tokens: Iterable[str]) -> list[int] | None:
+    """parse_u64 of every token, or None when any of them is not a counter."""
+    values = []
+    for token in tokens:
+        value = parse_u64(token)
+        if value is None:
+            return None
+        values.append(value)
+    return values
 
 
 def _pattern_regex(pattern: str) -> str:

@@ -306,6 +306,19 @@ class BatchDecoder:
         self._any = msgspec.msgpack.Decoder()
 
     def decode(self, payload: bytes) -> DecodedBatch:
+        """The batch in `payload`, or MalformedBatch: whatever the bytes, nothing else escapes.
+
+        msgspec raises RecursionError for deeply nested input (1,000 one-element arrays are 1 KB) and
+        could raise other errors on inputs nobody tried; the socket thread must only ever see
+        MalformedBatch, which it counts and skips."""
+        try:
+            return self._decode(payload)
+        except MalformedBatch:
+            raise
+        except Exception as exc:  # RecursionError, MemoryError (a subclass of Exception), anything else
+            raise MalformedBatch(f"{type(exc).__name__}: {exc}") from None
+
+    def _decode(self, payload: bytes) -> DecodedBatch:
         if self._gpu_backoff:
             self._gpu_backoff -= 1
         else:

@@ -32,7 +32,7 @@ from typing import Literal
 
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, read_text
+from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, parse_u64, read_text
 from kvscope.collectors.shared_fs import (
     FS_METRICS,
     FsTotals,
@@ -64,10 +64,6 @@ class LliteStats:
     recognised: bool = False  # False: nothing in the text looked like an llite stats file
 
 
-def _is_count(token: str) -> bool:
-    return token.isascii() and token.isdigit()
-
-
 def parse_llite_stats(text: str) -> LliteStats:
     out = LliteStats()
     for line in text.splitlines():
@@ -78,10 +74,8 @@ def parse_llite_stats(text: str) -> LliteStats:
             out.recognised = True
         if parts[0] not in BYTE_STATS:
             continue
-        total: int | None = None
-        if len(parts) > SUM_TOKEN and parts[2] == "samples" and _is_count(parts[SUM_TOKEN]):
-            total = int(parts[SUM_TOKEN])
-        else:
+        total = parse_u64(parts[SUM_TOKEN]) if len(parts) > SUM_TOKEN and parts[2] == "samples" else None
+        if total is None:
             out.malformed.append(parts[0])
         if parts[0] == "read_bytes":
             out.read_bytes = total

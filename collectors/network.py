@@ -21,7 +21,14 @@ from typing import NamedTuple
 from kvscope.agent.catalogue import MetricSpec, counter
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import (
+    INPUT_ERRORS,
+    InputErrors,
+    NameFilter,
+    check_patterns,
+    parse_u64s,
+    read_text,
+)
 
 log = logging.getLogger("kvscope.collectors.network")
 
@@ -78,12 +85,11 @@ def parse_net_dev(text: str) -> tuple[dict[str, NetCounters], int]:
         if len(f) < 16:
             bad += 1
             continue
-        try:
-            out[name.strip()] = NetCounters(
-                int(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[8]), int(f[9]), int(f[10]), int(f[11])
-            )
-        except ValueError:
+        values = parse_u64s(f[i] for i in (0, 1, 2, 3, 8, 9, 10, 11))
+        if values is None:  # a sign, a digit that is not ASCII, more than 64 bits: not a kernel counter
             bad += 1
+            continue
+        out[name.strip()] = NetCounters(*values)
     return out, bad
 
 

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import (
+    INPUT_ERRORS,
+    InputErrors,
+    NameFilter,
+    check_patterns,
+    parse_u64s,
+    read_text,
+)
 from kvscope.collectors.shared_fs import (
     FS_METRICS,
     FS_SERVER_READ,
@@ -69,11 +76,8 @@ def _bytes(text: str | None) -> tuple[int, ...] | None:
     fields = text.split()
     if len(fields) < BYTES_FIELDS:  # more is tolerated: a future kernel appending counters
         return None
-    try:
-        values = tuple(int(f) for f in fields[:BYTES_FIELDS])
-    except ValueError:
-        return None
-    return values if min(values) >= 0 else None
+    values = parse_u64s(fields[:BYTES_FIELDS])
+    return None if values is None else tuple(values)
 
 
 def _mount_starts(text: str) -> list[int]:

@@ -137,8 +137,13 @@ def span_record(span: Any, labels: Labels) -> RequestRecord | None:
         prompt_tokens=None if prompt is None else int(prompt),
         cached_tokens=None if cached is None else int(cached),
         queue=durations[QUEUE], prefill=durations[PREFILL], fetch_seconds=durations[FETCH_SECONDS],
-        source="otlp",
+        source="otlp", trace_id=_span_id(span.trace_id, 16), span_id=_span_id(span.span_id, 8),
     )
+
+
+def _span_id(raw: bytes, size: int) -> bytes | None:
+    """A W3C trace or span id as sent; None when absent or invalid (wrong length, all zero)."""
+    return bytes(raw) if len(raw) == size and any(raw) else None
 
 
 def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:

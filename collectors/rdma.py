@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
-from kvscope.collectors.host_inputs import INPUT_ERRORS, InputErrors, NameFilter, check_patterns, read_text
+from kvscope.collectors.host_inputs import (
+    INPUT_ERRORS,
+    InputErrors,
+    NameFilter,
+    check_patterns,
+    parse_u64,
+    read_text,
+)
 
 log = logging.getLogger("kvscope.collectors.rdma")
 
@@ -57,7 +64,7 @@ PACKET_COUNTERS = (
 @dataclass
 class PortReadings:
     readings: list[Reading] = field(default_factory=list)
-    malformed: list[str] = field(default_factory=list)  # counter files whose text is not an integer
+    malformed: list[str] = field(default_factory=list)  # counter files whose text is not an unsigned 64-bit integer
     saturated: list[str] = field(default_factory=list)  # 32-bit data counters stuck at their maximum
 
 
@@ -71,9 +78,8 @@ def port_readings(device: str, port: str, link_layer: str | None, counters: Mapp
         text = counters.get(filename)
         if text is None:
             continue
-        try:
-            value = int(text.strip())
-        except ValueError:
+        value = parse_u64(text.strip())
+        if value is None:
             out.malformed.append(filename)
             continue
         if scale == LANES and value == SATURATED_32:

@@ -5,13 +5,18 @@ from __future__ import annotations
 from kvscope.agent.pipeline import CollectorSpec
 from kvscope.collectors import (
     disk,
+    dynamo_frontend,
+    dynamo_kvbm,
+    engine_discovery,
     gpfs,
+    lmcache,
     lustre,
     network,
     nfs,
     otlp_traces,
     process,
     rdma,
+    sglang,
     vllm_kv_events,
     vllm_metrics,
 )
@@ -30,6 +35,11 @@ _SPECS: list[CollectorSpec] = [
     NVML_SPEC,
     vllm_metrics.SPEC,
     vllm_kv_events.SPEC,
+    dynamo_kvbm.SPEC,
+    dynamo_frontend.SPEC,
+    sglang.SPEC,
+    lmcache.SPEC,
+    engine_discovery.SPEC,
     otlp_traces.SPEC,
 ]
 

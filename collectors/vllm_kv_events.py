@@ -1,22 +1,15 @@
 """vLLM KV-cache events: a ZMQ subscriber that tracks block residency per tier (facts/vllm.md §2).
 
 One SUB socket per data-parallel rank (vLLM offsets the port by the rank). A background thread started
-by `start()` receives `[topic, seq (8 bytes, big-endian), msgpack batch]`, decodes the batch in either wire
-format and applies it to that rank's Residency; `collect()` reports the aggregates, including the KV bytes
-each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token` option) where all
-three are known. Aggregating in the socket thread is the fastest bounded design here: a second Python
-thread would only add a hand-off under the GIL. The bound is ZMQ's own receive queue (RCVHWM); when it and
-the publisher's send queue are full, vLLM's PUB drops whole batches without blocking the engine, and the
-gap shows in the sequence numbers.
+by `start()` receives `[topic, seq (8 bytes, big-endian), msgpack batch]` into a queue bounded in bytes
+(kv_event_socket.py), decodes each batch in either wire format (kv_event_schema.py), reconciles its
+sequence number (kv_event_sequence.py: gaps, replay, restarts, repeats, impossible numbers, a lost tail)
+and applies it to that rank's Residency (kv_residency.py); `collect()` reports the aggregates, including
+the KV bytes each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token`
+option) where all three are known.
 
-Sequence numbers (per publisher, from 0, +1 per batch, restart at 0 with the process):
-- a gap is counted as dropped; with a replay endpoint the missing batches are asked of vLLM's ROUTER
-  (DEALER, `[b"", start_seq8]`) and applied in order before the batch that revealed the gap; whatever
-  could not be recovered is counted as missed and makes residency unknown;
-- a subscriber that joins late (first seq > 0) asks for a replay from 0: residency is known only if the
-  replay buffer still reaches back to seq 0;
-- a seq lower than expected is an engine restart: that rank's residency is cleared (a new process starts
-  with empty caches) and the stream is treated as starting at 0.
+Nothing a publisher sends stops the thread: every message it cannot take is counted and skipped. Should
+the thread end all the same, the next collection fails (kvscope_collector_up 0) and starts a new one.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +29,15 @@ from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS, TIER_USED_
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
-from kvscope.collectors.kv_event_schema import END_SEQ, EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
+from kvscope.collectors.kv_event_schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
+from kvscope.collectors.kv_event_sequence import Sequencer, Stream, log_once
+from kvscope.collectors.kv_event_socket import Receiver, SocketOptions
 from kvscope.collectors.kv_residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
 
 log = logging.getLogger("kvscope.vllm_kv_events")
 
 NAME = "vllm_kv_events"
+MIB = 1 << 20
 _E = ENGINE_LABELS
 STORED_TOTAL = "kvscope_kv_blocks_stored_total"
 REMOVED_TOTAL = "kvscope_kv_blocks_removed_total"
@@ -51,6 +47,10 @@ DROPPED_TOTAL = "kvscope_kv_events_dropped_total"
 MALFORMED_TOTAL = "kvscope_kv_events_malformed_total"
 MISSED_TOTAL = "kvscope_kv_events_missed_total"
 REPLAYED_TOTAL = "kvscope_kv_events_replayed_total"
+REPEATED_TOTAL = "kvscope_kv_events_repeated_total"
+REJECTED_TOTAL = "kvscope_kv_events_rejected_total"
+SHED_TOTAL = "kvscope_kv_events_shed_total"
+QUEUED_BYTES = "kvscope_kv_events_queued_bytes"
 RESTARTS_TOTAL = "kvscope_kv_publisher_restarts_total"
 RESIDENCY_KNOWN = "kvscope_kv_residency_known"
 REUSE_DISTANCE = "kvscope_kv_block_reuse_distance_blocks"
@@ -71,7 +71,8 @@ METRICS = (
     counter(EVENTS_TOTAL, "events", (*_E, "type"),
             "KV events applied, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown).", _SRC),
     counter(DROPPED_TOTAL, "", _E,
-            "Event batches missing from the live stream (sequence gaps), recovered by replay or not.", _SRC),
+            "Event batches missing from the live stream (sequence gaps, and a lost tail found through replay), "
+            "recovered by replay or not.", _SRC),
     counter(MISSED_TOTAL, "", _E,
             "Event batches lost for good: sequence gaps that replay did not recover.", _SRC),
     counter(REPLAYED_TOTAL, "", _E,
@@ -80,7 +81,19 @@ METRICS = (
     counter(MALFORMED_TOTAL, "", _E,
             "ZMQ messages skipped as garbage: wrong frame count, bad sequence frame, bad msgpack, wrong shape.",
             _SRC),
-    counter(RESTARTS_TOTAL, "", _E, "Publisher restarts seen (the sequence number went backwards).", _SRC),
+    counter(REPEATED_TOTAL, "", _E,
+            "Event batches whose sequence number was already applied and that are not newer than the last one "
+            "applied (the same batch again, or an older one); skipped.", _SRC),
+    counter(REJECTED_TOTAL, "", _E,
+            "Event batches with a sequence number that cannot be: 2**63 or more, or a jump beyond max_seq_gap "
+            "that the next batch did not continue; skipped.", _SRC),
+    counter(SHED_TOTAL, "", _E,
+            "Event batches dropped because kvscope's receive queue was full (max_queue_bytes), counted when "
+            "dropped; each also counts in kvscope_kv_events_dropped_total once a later batch shows the gap.",
+            _SRC),
+    gauge(QUEUED_BYTES, "bytes", _E, "Bytes of received messages waiting in kvscope's receive queue.", _SRC),
+    counter(RESTARTS_TOTAL, "", _E,
+            "Publisher restarts seen (the sequence number went backwards with a newer batch).", _SRC),
     gauge(RESIDENCY_KNOWN, "", (*_E, "tier"),
           "1 when the tier's residency is complete (seen from seq 0, or G1 since an AllBlocksCleared); "
           "0 for a late joiner or after lost batches. kvscope_kv_resident_blocks is absent while 0.", _SRC),
@@ -140,8 +153,16 @@ class VllmKvEventsOptions:
     data_parallel_size: int = 1  # one SUB per rank 0..n-1, port offset by the rank
     engine: str = "vllm"
     model: str = ""  # served model name (events do not carry it)
-    rcvhwm: int = 100000  # ZMQ receive high-water mark, in messages (vLLM's PUB default hwm)
-    replay_timeout: float = 2.0  # seconds to wait for a replay before counting the gap as missed
+    # Memory (kv_event_socket.py): our queue in bytes, plus ZMQ's per socket in messages of at most
+    # max_message_bytes each (a larger frame makes ZMQ drop the connection: a sequence gap).
+    max_queue_bytes: int = 32 * MIB
+    max_message_bytes: int = 4 * MIB
+    rcvhwm: int = 8  # ZMQ receive high-water mark, in messages; beyond it the publisher's queue holds them
+    replay_timeout: float = 2.0  # seconds without a reply before a replay is given up (the rest is missed)
+    tail_check_after: float = 1.0  # seconds of quiet after which the replay endpoint is asked for a lost tail
+    # a seq more than this beyond the expected one is believed only when the next batch continues it
+    # (vLLM's default replay buffer: a larger gap could not be filled anyway)
+    max_seq_gap: int = 10000
     reuse_max_tracked_blocks: int = 131072  # sampled blocks remembered per rank and tier; ~150 B each
     reuse_sample_rate: float = 1 / 16  # fraction of blocks the reuse-distance histogram tracks (SHARDS)
     # KV bytes one token occupies, from the model's KV geometry (`kvscope kv-size --model M` prints it);
@@ -165,8 +186,17 @@ class VllmKvEventsOptions:
             _check_endpoint("replay_endpoint", self.replay_endpoint, self.data_parallel_size)
         if self.rcvhwm < 1:
             raise ValueError(f"rcvhwm: must be >= 1 (0 would make ZMQ's queue unbounded), got {self.rcvhwm}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes: must be >= 1024, got {self.max_message_bytes}")
+        if self.max_queue_bytes < self.max_message_bytes:
+            raise ValueError(f"max_queue_bytes: must be >= max_message_bytes ({self.max_message_bytes}), "
+                             f"got {self.max_queue_bytes}")
         if self.replay_timeout <= 0:
             raise ValueError(f"replay_timeout: must be > 0, got {self.replay_timeout}")
+        if self.tail_check_after <= 0:
+            raise ValueError(f"tail_check_after: must be > 0, got {self.tail_check_after}")
+        if self.max_seq_gap < 1:
+            raise ValueError(f"max_seq_gap: must be >= 1, got {self.max_seq_gap}")
         if self.reuse_max_tracked_blocks < 1:
             raise ValueError("reuse_max_tracked_blocks: must be >= 1")
         if not 1e-6 <= self.reuse_sample_rate <= 1:
@@ -175,20 +205,6 @@ class VllmKvEventsOptions:
             raise ValueError(f"kv_bytes_per_token: must be >= 0 (0 = unknown), got {self.kv_bytes_per_token}")
         if self.default_block_size < 0:
             raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
-
-
-class _Stream:
-    """One publisher (data-parallel rank): its socket address, sequence state and aggregates."""
-
-    def __init__(self, rank: int, endpoint: str, replay: str, max_tracked: int, sample_rate: float) -> None:
-        self.rank = rank
-        self.labels = ("", "", str(rank))
-        self.endpoint = endpoint
-        self.replay = replay
-        self.residency = Residency(max_tracked, sample_rate)
-        self.expected: int | None = None
-        self.dropped = self.missed = self.replayed = self.malformed = self.restarts = 0
-        self.logged: set[str] = set()
 
 
 class VllmKvEventsCollector:
@@ -203,21 +219,26 @@ class VllmKvEventsCollector:
         self._stop = threading.Event()
         self.ready = threading.Event()  # set once every SUB socket is connected and subscribed
         self._thread: threading.Thread | None = None
-        n = options.data_parallel_size
+        self.thread_restarts = 0  # socket threads that died and were started again
         self.streams = [
-            _Stream(r, rank_endpoint(options.endpoint, r),
-                    rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
-                    options.reuse_max_tracked_blocks, options.reuse_sample_rate)
-            for r in range(n)
+            Stream(r, rank_endpoint(options.endpoint, r),
+                   rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
+                   Residency(options.reuse_max_tracked_blocks, options.reuse_sample_rate),
+                   (options.engine, options.model, str(r)))
+            for r in range(options.data_parallel_size)
         ]
-        for s in self.streams:
-            s.labels = (options.engine, options.model, str(s.rank))
+        self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
+            options.topic.encode(), options.rcvhwm, options.max_message_bytes, options.max_queue_bytes,
+            options.replay_timeout, options.tail_check_after), self.handle, self._check_tail, clock)
+        self._sequencer = Sequencer(self._lock, self._replay_batches if options.replay_endpoint else None,
+                                    options.max_seq_gap)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"{NAME}-sub", daemon=True)
+            self._thread = threading.Thread(target=self.receiver.run, args=(self._stop, self.ready),
+                                            name=f"{NAME}-sub", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -227,144 +248,81 @@ class VllmKvEventsCollector:
         if self._own_ctx:
             self._ctx.term()
 
+    def _supervise(self) -> None:
+        """The socket thread never ends on its own while running; if it did, start a fresh one and fail
+        this collection (kvscope_collector_up 0). What it was applying when it died is unknown, and
+        batches sent while it was down show as a gap: residency is unknown until it is known again."""
+        thread = self._thread
+        if thread is None or thread.is_alive() or self._stop.is_set():
+            return
+        self.thread_restarts += 1
+        with self._lock:
+            for s in self.streams:
+                s.residency.set_complete(False)
+                s.queued_bytes = 0
+        self.receiver = Receiver(self._ctx, self.streams, self.receiver.options, self.handle, self._check_tail,
+                                 self._clock)
+        self.ready = threading.Event()
+        self._thread = None
+        self.start()
+        raise RuntimeError(f"the KV-event socket thread had stopped; started it again (restart "
+                           f"{self.thread_restarts}); residency unknown until it is complete again")
+
     # -- socket thread -----------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        socks: dict[zmq.Socket[Any], _Stream] = {}
+    def handle(self, stream: Stream, frames: list[bytes]) -> None:
+        """One live message: validate, decode, reconcile the sequence number, apply. Never raises: a
+        message the code cannot take is counted as malformed and makes residency unknown."""
         try:
-            for stream in self.streams:
-                sock = self._ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RCVHWM, self._opts.rcvhwm)
-                sock.setsockopt(zmq.SUBSCRIBE, self._opts.topic.encode())
-                sock.connect(stream.endpoint)
-                poller.register(sock, zmq.POLLIN)
-                socks[sock] = stream
-            self.ready.set()
-            while not self._stop.is_set():
-                for sock, _ in poller.poll(100):
-                    stream = socks[sock]
-                    for _ in range(1024):  # drain, but let other ranks and stop() have a turn
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self.handle(stream, frames)
-        except zmq.ContextTerminated:
-            pass
-        finally:
-            for sock in socks:
-                sock.close(0)
-
-    def handle(self, stream: _Stream, frames: list[bytes]) -> None:
-        """One live message: validate, decode, reconcile the sequence number, apply."""
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self._malformed(stream, f"{len(frames)} frames (seq frame {len(frames[1]) if len(frames) > 1 else 0}"
-                                    " bytes); expected [topic, seq(8), payload]")
-            return
-        try:
-            batch = self._decoder.decode(frames[2])
-        except MalformedBatch as exc:
-            self._malformed(stream, f"payload: {exc}")
-            return
-        seq = int.from_bytes(frames[1], "big")
-        if seq == stream.expected:  # the common case: in order (never true before the first batch: None)
+            if len(frames) != 3 or len(frames[1]) != 8:
+                self._malformed(stream, f"{len(frames)} frames (seq frame "
+                                        f"{len(frames[1]) if len(frames) > 1 else 0} bytes); expected "
+                                        "[topic, seq(8), payload]")
+                return
+            try:
+                batch = self._decoder.decode(frames[2])
+            except MalformedBatch as exc:
+                self._malformed(stream, f"payload: {exc}")
+                return
+            self._sequencer.accept(stream, int.from_bytes(frames[1], "big"), batch)
+        except Exception as exc:  # a bug, or an input nobody foresaw: the thread must go on
+            log.exception("rank %d: a message could not be applied; residency unknown", stream.rank)
             with self._lock:
-                stream.residency.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
-            stream.expected = seq + 1
-            return
-        self._reconcile(stream, seq, batch)
-        stream.expected = seq + 1
+                stream.malformed += 1
+                stream.residency.set_complete(False)
+            log_once(stream, "internal", f"{type(exc).__name__}: {exc}")
 
-    def _reconcile(self, stream: _Stream, seq: int, batch: DecodedBatch) -> None:
-        """Out-of-order seq (first message, gap or restart): replay what is missing, then apply it and
-        `batch` in one locked step, so a collection never sees half of it."""
-        expected = stream.expected
-        first = expected is None
-        restart = expected is not None and seq < expected
-        start = 0 if expected is None or restart else expected
-        want = seq - start
-        recovered = self._fetch_replay(stream, start, seq) if want and stream.replay else []
-        missing = want - len(recovered)
-        with self._lock:
-            res = stream.residency
-            if restart:
-                stream.restarts += 1
-                res.restart()
-            for old in recovered:
-                res.apply(old.events, old.unknown_events, old.gpu_stores_only)
-            stream.replayed += len(recovered)
-            if not first:  # a late joiner's earlier batches were never ours to lose
-                stream.dropped += want
-                stream.missed += missing
-            if missing:
-                res.set_complete(False)
-            elif first or restart:
-                res.set_complete(True)  # every batch since seq 0 is applied
-            res.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
-        if restart:
-            self._log_once(stream, "restart", "publisher restarted (seq %d after %d)", seq, expected)
-        if missing and not first:
-            self._log_once(stream, "missed", "lost %d event batch(es) before seq %d; residency unknown "
-                           "until the next AllBlocksCleared or restart", missing, seq)
-        elif missing:
-            self._log_once(stream, "late", "joined at seq %d without a full replay; residency unknown", seq)
-
-    def _fetch_replay(self, stream: _Stream, start: int, stop: int) -> list[DecodedBatch]:
-        """Batches start..stop-1 from vLLM's ROUTER, in seq order (holes possible)."""
-        got: dict[int, DecodedBatch] = {}
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+    def _check_tail(self, stream: Stream) -> None:
         try:
-            sock.connect(stream.replay)
-            sock.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = self._clock() + self._opts.replay_timeout
-            while True:
-                remaining = deadline - self._clock()
-                if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
-                    self._log_once(stream, "replay-timeout", "replay from %s timed out", stream.replay)
-                    break
-                frames = sock.recv_multipart()
-                # 0.26+: [b"", topic, seq, payload]; <= 0.25: [b"", seq, payload]; end: empty payload
-                if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != 8:
-                    self._malformed(stream, f"replay reply of {len(frames)} frames")
-                    continue
-                seq_bytes, payload = frames[-2], frames[-1]
-                if seq_bytes == END_SEQ or not payload:
-                    break
-                seq = int.from_bytes(seq_bytes, "big")
-                if start <= seq < stop:
-                    try:
-                        got[seq] = self._decoder.decode(payload)
-                    except MalformedBatch as exc:
-                        self._malformed(stream, f"replayed payload: {exc}")
-                if seq >= stop - 1:
-                    break  # the rest of the buffer will arrive live
-        finally:
-            sock.close(0)
-        return [got[s] for s in sorted(got)]
+            self._sequencer.check_tail(stream)
+        except Exception:
+            log.exception("rank %d: checking the stream's tail failed", stream.rank)
 
-    def _malformed(self, stream: _Stream, why: str) -> None:
+    def _replay_batches(self, stream: Stream, start: int, stop: int | None) -> Iterator[tuple[int, DecodedBatch]]:
+        for seq, payload in self.receiver.replay(stream, start, stop, self._malformed):
+            try:
+                batch = self._decoder.decode(payload)
+            except MalformedBatch as exc:
+                self._malformed(stream, f"replayed payload: {exc}")
+                continue
+            yield seq, batch
+
+    def _malformed(self, stream: Stream, why: str) -> None:
         with self._lock:
             stream.malformed += 1
-        self._log_once(stream, "malformed", "skipping malformed message: %s", why)
-
-    def _log_once(self, stream: _Stream, kind: str, msg: str, *args: object) -> None:
-        if kind not in stream.logged:
-            stream.logged.add(kind)
-            log.warning("rank %d (%s): " + msg + " (logged once)", stream.rank, stream.endpoint, *args)
+        log_once(stream, "malformed", f"skipping malformed message: {why}")
 
     # -- collection --------------------------------------------------------------------------------
 
     def collect(self) -> Iterable[Reading]:
+        self._supervise()
         out: list[Reading] = []
         with self._lock:
             for s in self.streams:
                 out.extend(self._readings(s))
         return out
 
-    def _readings(self, s: _Stream) -> list[Reading]:
+    def _readings(self, s: Stream) -> list[Reading]:
         lab = s.labels
         res = s.residency
         bytes_per_token = self._opts.kv_bytes_per_token
@@ -374,6 +332,10 @@ class VllmKvEventsCollector:
             Sample(REPLAYED_TOTAL, lab, s.replayed),
             Sample(MALFORMED_TOTAL, lab, s.malformed),
             Sample(RESTARTS_TOTAL, lab, s.restarts),
+            Sample(REPEATED_TOTAL, lab, s.repeated),
+            Sample(REJECTED_TOTAL, lab, s.rejected),
+            Sample(SHED_TOTAL, lab, s.shed),
+            Sample(QUEUED_BYTES, lab, s.queued_bytes),
         ]
         for name, n in zip(EVENT_TYPES, res.events, strict=True):
             out.append(Sample(EVENTS_TOTAL, (*lab, name), n))
@@ -393,8 +355,8 @@ class VllmKvEventsCollector:
                     if tokens or not blocks:
                         out.append(Sample(TIER_USED_BYTES, tl, blocks * tokens * bytes_per_token))
                     elif st.block_size in _NO_SIZE_WHY:  # not while pending: a sized batch is near
-                        self._log_once(s, f"block-size-{tier.value}", "no kvscope_tier_used_bytes for %s: %s",
-                                       tier.value, _NO_SIZE_WHY[st.block_size])
+                        log_once(s, f"block-size-{tier.value}",
+                                 f"no kvscope_tier_used_bytes for {tier.value}: {_NO_SIZE_WHY[st.block_size]}")
             out.append(Sample(STORED_TOTAL, tl, st.stored))
             out.append(Sample(REMOVED_TOTAL, tl, st.removed))
             out.append(Sample(REMOVED_UNKNOWN_TOTAL, tl, st.removed_unknown))

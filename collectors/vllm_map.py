@@ -211,6 +211,7 @@ class Normaliser:
                     series.setdefault(base, []).append((math.nan, value))
             sums = {self._base(lb, models): v for lb, v in samples.get(f"{family}_sum", ())}
             counts = {self._base(lb, models): v for lb, v in samples.get(f"{family}_count", ())}
+            out.dropped += len((sums.keys() | counts.keys()) - series.keys())  # _sum/_count without buckets
             for base, buckets in series.items():
                 total, count = sums.get(base), counts.get(base, buckets[-1][1])
                 edges = [b for b, _ in buckets]

@@ -47,6 +47,10 @@ capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size → G1 to
 `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
 
 Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
+Histograms and capacities that a restarted engine has not reported yet are held at their last reading
+while the engine is on the page (`_with_held`), so they do not leave the exposition in the gap.
+
+Targets are scraped in parallel, each with a deadline on its whole request (collectors/http_scrape.py).
 A target that fails (connect, timeout, HTTP status, larger than `max_response_bytes`, a body cut
 off mid-line) contributes no readings this cycle and shows `kvscope_scrape_target_up 0`; the other
 targets are unaffected, and so is the collector's own `kvscope_collector_up`.
@@ -54,22 +58,18 @@ targets are unaffected, and so is the collector's own `kvscope_collector_up`.
 
 from __future__ import annotations
 
-import http.client
 import logging
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscope import __version__
+from kvscope.agent import contract as c
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.contract import ENGINE_LABELS
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.exposition_scan import ExpositionScanner
+from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
 from kvscope.collectors.vllm_map import (
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
@@ -109,7 +109,9 @@ METRICS = (
 class VllmOptions:
     urls: list[str] = field(default_factory=list)  # e.g. ["http://127.0.0.1:8000/metrics"]
     engine: str = "vllm"  # the `engine` label (engine kind) of every series
-    scrape_timeout_seconds: float = 2.0  # whole request per target: connect, headers and body
+    # whole request per target (connect, headers, body), all targets at once: keep it below the collector's
+    # timeout (agent.timeout, 5 s by default)
+    scrape_timeout_seconds: float = 2.0
     max_response_bytes: int = 8 * MIB  # a larger body fails that target (kind="too_large")
     # cache-hit source → tier; entries given override the defaults one by one
     cache_hit_source_tiers: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SOURCE_TIERS))
@@ -153,51 +155,11 @@ def check_url(url: str) -> None:
         raise ValueError(f"urls: {url!r}: credentials in URLs are not supported")
 
 
-class ScrapeError(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+# Series an engine reports only once it has something to report (a histogram before its first observation
+# in vLLM's multiprocess mode, the offload config after a restart): held through an engine restart.
+_HELD_GAUGES = frozenset({c.TIER_CAPACITY_BYTES, c.TIER_CAPACITY_TOKENS})
 
-
-Fetcher = Callable[[str, float, int], bytes]
-
-
-def http_fetch(url: str, timeout: float, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> bytes:
-    """GET `url`; the body, or ScrapeError(kind). `timeout` bounds the whole request, not each read."""
-    deadline = clock() + timeout
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a sidecar scrapes its pod directly
-    request = urllib.request.Request(url, headers={"User-Agent": f"kvscope/{__version__}",
-                                                   "Accept": "text/plain;version=0.0.4"})
-    try:
-        with opener.open(request, timeout=timeout) as response:
-            chunks, size = [], 0
-            while True:
-                chunk = response.read(min(65536, max_bytes + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError("too_large", f"body exceeds max_response_bytes={max_bytes}")
-                if clock() > deadline:
-                    raise ScrapeError("timeout", f"body not complete within {timeout}s")
-            missing = getattr(response, "length", None)  # read(amt) does not raise on a short body
-            if missing:
-                raise ScrapeError("truncated", f"connection closed {missing} bytes before Content-Length")
-    except urllib.error.HTTPError as exc:
-        raise ScrapeError("http_status", f"HTTP {exc.code}") from None
-    except http.client.IncompleteRead as exc:
-        raise ScrapeError("truncated", f"connection closed after {len(exc.partial)} bytes") from None
-    except http.client.HTTPException as exc:
-        raise ScrapeError("protocol", f"{type(exc).__name__}: {exc}") from None
-    except urllib.error.URLError as exc:
-        kind = "timeout" if isinstance(exc.reason, TimeoutError) else "connect"
-        raise ScrapeError(kind, str(exc.reason)) from None
-    except TimeoutError:
-        raise ScrapeError("timeout", f"no answer within {timeout}s") from None
-    except OSError as exc:
-        raise ScrapeError("connect", str(exc)) from None
-    return b"".join(chunks)
+SeriesKey = tuple[str, tuple[str, ...]]
 
 
 @dataclass
@@ -209,21 +171,31 @@ class _Target:
     malformed: int = 0
     response_bytes: int = 0
     reported_malformed: bool = False
+    held: dict[SeriesKey, Reading] = field(default_factory=dict)  # last histograms and capacities seen
 
 
 class VllmMetricsCollector:
+    """Scrapes its targets in parallel, each with its own whole-request deadline, so one slow target can
+    take neither another target's series nor the collector's own health; each failure is counted on its
+    target. A request that outlives its cycle is not repeated until it returns (its answer, too old by
+    then, is dropped)."""
+
     def __init__(self, options: VllmOptions, fetch: Fetcher | None = None) -> None:
         self._options = options
-        self._fetch: Fetcher = fetch or http_fetch
         self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers)
         wanted = wanted_samples()
         self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
+        self._scrape = ParallelScrape(options.urls, fetch or http_fetch, options.scrape_timeout_seconds,
+                                      options.max_response_bytes)
 
     def collect(self) -> list[Reading]:
         readings: list[Reading] = []
-        claimed: set[tuple[str, tuple[str, ...]]] = set()  # series keys already given by a target
-        for target in self._targets:
-            self._scrape(target, readings, claimed)
+        claimed: set[SeriesKey] = set()  # series keys already given by a target
+        for target, answer in zip(self._targets, self._scrape.cycle(), strict=True):
+            if isinstance(answer, ScrapeError):
+                self._failed(target, answer)
+            else:
+                self._use(target, answer, readings, claimed)
         for t in self._targets:
             labels = (NAME, t.url)
             readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))
@@ -233,20 +205,20 @@ class VllmMetricsCollector:
                             for kind, n in t.errors.items())
         return readings
 
-    def _scrape(self, target: _Target, readings: list[Reading], claimed: set[tuple[str, tuple[str, ...]]]) -> None:
-        opts = self._options
-        try:
-            body = self._fetch(target.url, opts.scrape_timeout_seconds, opts.max_response_bytes)
-            target.response_bytes = len(body)
-            page = target.scanner.scan(body.decode("utf-8", errors="replace"))
-            if page.truncated:
-                # a cut-off page may lack some of the series that are summed into one: use none of it
-                raise ScrapeError("truncated", "the body does not end with a newline")
-        except ScrapeError as exc:
-            target.errors[exc.kind] += 1
-            if target.up is not False:
-                log.warning("vllm target %s: scrape failed (%s); retrying every cycle", target.url, exc)
-            target.up = False
+    @staticmethod
+    def _failed(target: _Target, exc: ScrapeError) -> None:
+        target.errors[exc.kind] += 1
+        if target.up is not False:
+            log.warning("vllm target %s: scrape failed (%s); retrying every cycle", target.url, exc)
+        target.up = False
+
+    def _use(self, target: _Target, body: bytes, readings: list[Reading], claimed: set[SeriesKey]) -> None:
+        target.response_bytes = len(body)
+        page = target.scanner.scan(body.decode("utf-8", errors="replace"), complete=is_whole(body))
+        if page.truncated:
+            # a cut-off page may lack some of the series that are summed into one: use none of it
+            self._failed(target, ScrapeError("truncated", "the body does not end with a newline (and HTTP "
+                                             "did not say its length)"))
             return
         if target.up is False:
             log.info("vllm target %s: scraping again", target.url)
@@ -259,7 +231,7 @@ class VllmMetricsCollector:
                         "kvscope_scrape_malformed_lines_total, logged once); first: %s", target.url,
                         page.malformed, result.dropped, page.first_problem or "-")
         duplicates = 0
-        for reading in result.readings:
+        for reading in _with_held(target.held, result.readings):
             key = (reading.name, reading.labels)
             if key in claimed:
                 duplicates += 1
@@ -271,6 +243,28 @@ class VllmMetricsCollector:
             if target.errors["duplicate_series"] == 1:
                 log.warning("vllm target %s: %d series already reported by another target (same model and "
                             "dp rank) were dropped; give each target distinct engines", target.url, duplicates)
+
+
+def _with_held(held: dict[SeriesKey, Reading], readings: list[Reading]) -> list[Reading]:
+    """`readings`, plus the held histograms and capacities of engines still on the page that this page
+    lacks. A restarted vLLM shows a histogram again only after its first observation (and its offload
+    config only once the connector reports); until then the last reading stands in, unchanged, so the
+    store keeps the series' totals exported, and the first real value after it is taken as the reset it
+    is. An engine gone from the page takes its held series with it."""
+    present = {(r.name, r.labels) for r in readings}
+    engines = {r.labels[:3] for r in readings}
+    out = list(readings)
+    for key, reading in list(held.items()):
+        if key in present:
+            continue
+        if reading.labels[:3] in engines:
+            out.append(reading)
+        else:
+            del held[key]
+    for r in readings:
+        if isinstance(r, HistogramSample) or r.name in _HELD_GAUGES:
+            held[(r.name, r.labels)] = r
+    return out
 
 
 def _factory(options: VllmOptions, context: CollectorContext) -> VllmMetricsCollector:

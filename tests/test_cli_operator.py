@@ -47,7 +47,7 @@ def test_config_check_is_ok_without_the_collectors_that_need_the_root(tmp_path: 
     off = [f"--no-collector.{n}" for n in ("disk", "network", "nfs", "lustre", "gpfs", "rdma")]
     proc = cli("config", "check", "--path.procfs", missing, "--path.sysfs", missing, *off)
     assert proc.returncode == 0, proc.stderr
-    assert "ok; enabled: process, nvml, correlation" in proc.stdout
+    assert "ok; enabled: process, nvml, engine_discovery, correlation" in proc.stdout
 
 
 def test_config_check_loads_the_web_config_run_would_load(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from kvscope.agent.reference.vllm_kv_wire import (
 from kvscope.agent.tiers import Tier
 from kvscope.agent.wiring import components
 from kvscope.collectors.kv_event_schema import BatchDecoder, MalformedBatch
-from kvscope.collectors.kv_residency import REUSE_BOUNDS, Residency, ReuseTracker, tier_of
+from kvscope.collectors.kv_residency import Residency, tier_of
+from kvscope.collectors.kv_reuse import REUSE_BOUNDS, ReuseTracker
 from kvscope.collectors.vllm_kv_events import NAME, rank_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "kv_events"
@@ -302,3 +303,18 @@ def test_config_valid() -> None:
             "replay_endpoint = 'tcp://127.0.0.1:5600'\ndata_parallel_size = 2\n")
     _, options = load_config(text, components(), environ={}).collectors[NAME]
     assert (options.endpoint, options.data_parallel_size, options.engine) == ("tcp://127.0.0.1:5557", 2, "vllm")
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 100_000])
+def test_deep_nesting_is_a_malformed_batch_not_a_recursion_error(depth: int) -> None:
+    """1,000 nested one-element arrays (1.5 KB) made msgspec raise RecursionError, which killed the socket
+    thread; every input must give a batch or MalformedBatch."""
+    decoder = BatchDecoder()
+    with pytest.raises(MalformedBatch):
+        decoder.decode(b"\x93" + b"\x91" * depth + b"\x01\x90\x00")
+    deep_event = msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [1], "block_size": 0}], 0])
+    deep_event = deep_event.replace(b"\xaablock_size\x00", b"\xaablock_size" + b"\x91" * depth + b"\x00")
+    try:  # an odd block_size is allowed (kv_residency ignores it): a batch, or MalformedBatch when too deep
+        decoder.decode(deep_event)
+    except MalformedBatch:
+        assert depth >= 1000

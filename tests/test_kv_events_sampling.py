@@ -31,7 +31,8 @@ from kvscope.collectors.kv_event_schema import (
     StoredEvent,
     StoredEventAnyMedium,
 )
-from kvscope.collectors.kv_residency import Residency, ReuseTracker, sample_key, tier_of
+from kvscope.collectors.kv_residency import Residency, tier_of
+from kvscope.collectors.kv_reuse import ReuseTracker, sample_key
 from kvscope.collectors.vllm_kv_events import (
     NAME,
     REUSE_DISTANCE,

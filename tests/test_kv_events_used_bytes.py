@@ -46,13 +46,15 @@ class Feed:
         self.collector = VllmKvEventsCollector(opts)
         self.stream = self.collector.streams[0]
         self.seq = 0
+        self.ts = 1767225600.0  # vLLM's batch ts is the wall clock at each engine step: it moves on
 
     def send(self, payload: bytes) -> None:
         self.collector.handle(self.stream, [b"", self.seq.to_bytes(8, "big"), payload])
         self.seq += 1
 
     def batch(self, *events: Any) -> None:
-        self.send(msgspec.msgpack.encode(Vllm033Batch(1767225600.0, list(events), 0)))
+        self.ts += 0.01
+        self.send(msgspec.msgpack.encode(Vllm033Batch(self.ts, list(events), 0)))
 
     def series(self, name: str) -> dict[str, float]:
         return {r.labels[3]: r.value for r in self.collector.collect()

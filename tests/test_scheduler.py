@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import threading
 import time
 from collections.abc import Iterable
+
+import pytest
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter
 from kvscope.agent.readings import Reading, Sample
@@ -109,3 +112,32 @@ def test_backoff_spaces_retries() -> None:
     scheduler.stop(timeout=2)
     # delays 0.1, 0.2, 0.4, 0.8 s: at most 4 runs in one second, far fewer than 20 at the plain interval
     assert 2 <= raises.calls <= 5
+
+
+def _kill_when_it_next_wakes(thread: threading.Thread) -> None:
+    """Raise SystemExit in `thread` at its next Python instruction: the worker is idle in Event.wait(),
+    outside the try that takes a call's exceptions, so the next request ends the thread."""
+    assert thread.ident is not None
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+    assert done == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
+def test_a_worker_thread_that_died_is_reported_and_replaced() -> None:
+    store = Store(Catalogue([*AGENT_METRICS, counter(TICKS, "", ("collector",), "ticks", "test")]))
+    healthy = Healthy()
+    scheduler = Scheduler(store, [collector_job("worker-dies", healthy, 0.02, 0.2)], max_backoff=0.05)
+    scheduler.start()
+    try:
+        wait_for(lambda: healthy.n >= 3)
+        (worker,) = [t for t in threading.enumerate() if t.name == "collect-worker-dies"]
+        _kill_when_it_next_wakes(worker)
+        worker.join(5)
+        assert not worker.is_alive()
+        wait_for(lambda: store.value("kvscope_collector_errors_total", ("worker-dies",)) == 1.0)
+        calls = healthy.n
+        wait_for(lambda: healthy.n >= calls + 3)  # a new worker runs it again
+        assert store.value("kvscope_collector_up", ("worker-dies",)) == 1.0
+        assert [t for t in threading.enumerate() if t.name == "collect-worker-dies"] != [worker]
+    finally:
+        scheduler.stop(timeout=2)

@@ -28,6 +28,7 @@ from kvscope.agent.reference.blocks import chain_blocks
 from kvscope.agent.reference.costmodel import CostModel
 from kvscope.agent.reference.geometry import KVGeometry, preset
 from kvscope.agent.reference.kv_publisher import KVEventPublisher
+from kvscope.agent.reference.kvbm_dialect import KvbmMetrics
 from kvscope.agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
 from kvscope.agent.reference.tokenizer import output_piece
 from kvscope.agent.reference.tracing import RequestTracer, span_attributes
@@ -64,6 +65,8 @@ class EngineConfig:
     kv_events_topic: str = ""
     otlp_traces_endpoint: str | None = None
     engine_index: str = "0"
+    vllm_version: tuple[int, int] = (0, 33)  # /metrics dialect: (0, 33) or (0, 14), the seeds' 0.14.1
+    kvbm: bool = False  # also count KVBM's metrics (G2 its host pool, G3/G4 its disk pool): kvbm_dialect.py
 
     @classmethod
     def seeds_g4(cls, data_dir: Path, **overrides: Any) -> EngineConfig:
@@ -107,7 +110,9 @@ class Engine:
         has_connector = any(s.capacity_blocks > 0 for t, s in config.tier_specs().items() if t is not Tier.G1)
         self.has_connector = has_connector
         self.metrics = VllmMetrics(self.registry, config.served_model_name, config.engine_index,
-                                   cache_info=self._cache_info(), offload_info=self._offload_info())
+                                   cache_info=self._cache_info(), offload_info=self._offload_info(),
+                                   version=config.vllm_version)
+        self.kvbm = KvbmMetrics(bt) if config.kvbm else None
         self.store = TieredStore(bt, self.block_bytes, config.tier_specs(), self, clock=clock,
                                  write_behind=config.write_behind_blocks)
         self._own_context = zmq_context is None
@@ -190,6 +195,8 @@ class Engine:
 
     def transfer(self, t: Transfer) -> None:
         self.metrics.transfer(t)
+        if self.kvbm is not None:
+            self.kvbm.transfer(t)
         if self._current is not None and not t.background:
             link = f"{t.src}->{t.dst}"
             tr = self._current
@@ -233,7 +240,10 @@ class Engine:
         # like vLLM, at least the last prompt token is computed, so a hit covers at most n-1 tokens
         usable = blocks[:(len(req.token_ids) - 1) // bt]
         tiers = self.store.lookup(usable) if cfg.prefix_caching else []
-        m.admitted(len(req.token_ids), {t: tiers.count(t) * bt for t in set(tiers)}, self.has_connector)
+        hit_tokens = {t: tiers.count(t) * bt for t in set(tiers)}
+        m.admitted(len(req.token_ids), hit_tokens, self.has_connector)
+        if self.kvbm is not None:
+            self.kvbm.looked_up(len(req.token_ids), hit_tokens)
         fetched = self.store.fetch(usable[:len(tiers)], tiers)
         self._flush_events()
         for tier, n in fetched.blocks_by_tier.items():
@@ -274,7 +284,7 @@ class Engine:
         done = self.clock()
         tr.finished_ts, tr.e2e_s = self.wall_at(done), done - req.arrival
         m.finished(tr.ttft_s, tr.queue_s, tr.prefill_s, tr.decode_s, tr.e2e_s, itls, tr.completion_tokens,
-                   tr.finish_reason)
+                   tr.finish_reason, tr.computed_tokens)
         m.usage.labels(*L).set(0.0)
         self._current = None
         self.truth.write(tr)

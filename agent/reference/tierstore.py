@@ -64,6 +64,8 @@ class Transfer:
     seconds: float
     start: float  # clock() at the start
     background: bool = False  # done by the write-behind thread, not on behalf of the request in flight
+    # for a copy into G1: the tier the block was fetched from (a G3/G4 block reaches G1 through host memory)
+    origin: Tier | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +245,7 @@ class TieredStore:
             src, moved, copy_from = loaded
         np.copyto(self.g1.block(slot), src)
         end = self.clock()
-        self.observer.transfer(Transfer(G2, G1, self.block_bytes, end - copy_from, copy_from))
+        self.observer.transfer(Transfer(G2, G1, self.block_bytes, end - copy_from, copy_from, origin=tier))
         self._admit(G1, b, slot)
         self.pinned.add(b.key)
         result.seconds_by_tier[tier] = result.seconds_by_tier.get(tier, 0.0) + end - start

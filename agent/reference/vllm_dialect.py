@@ -9,11 +9,17 @@ Names, label names and buckets are vLLM 0.33's. Tier mapping (the part vLLM has 
 - G2 → G1 and G1 → G2 copies are the OffloadingConnector's `kv_offload_load_*` / `kv_offload_store_*`;
 - G3/G4 ↔ host I/O is the TieringOffloadingSpec's `kv_offload_tiering_{read,write}_{bytes,time}` with
   tier="1:fs" (G3) and tier="2:fs" (G4).
+With `version=(0, 14)` it speaks vLLM 0.14.1, the seeds' version (facts/vllm.md appendix): no
+`prompt_tokens_by_source`, `prompt_tokens_cached`, `prompt_tokens_cached_by_source` and no `kv_offload_*`
+families (its connector, e.g. Dynamo KVBM, reports its own tiers); recomputed tokens are only in the
+`request_prefill_kv_computed_tokens` histogram, which both versions have.
 Two non-vLLM series describe the fake device: `kvscope_reference_device_busy` (0/1) and
 `kvscope_reference_device_busy_seconds_total`, plus `kvscope_reference_block_errors_total{tier,kind}`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -22,6 +28,7 @@ from kvscope.agent.tiers import Tier
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_TOKENS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -36,8 +43,11 @@ BASE = ["model_name", "engine"]
 
 class VllmMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, engine: str = "0",
-                 cache_info: dict[str, str] | None = None, offload_info: dict[str, str] | None = None) -> None:
+                 cache_info: dict[str, str] | None = None, offload_info: dict[str, str] | None = None,
+                 version: tuple[int, int] = (0, 33)) -> None:
         self.labels = (model_name, engine)
+        self.by_source = version >= (0, 32)  # prompt_tokens_{by_source,cached,cached_by_source}
+        self.offload = version >= (0, 33)  # kv_offload_* (0.14's offloading connector reports none)
         r = registry
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -62,12 +72,17 @@ class VllmMetrics:
                                 "External prefix cache hits from KV connector cross-instance cache sharing, "
                                 "in terms of number of cached tokens.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.prompt_by_source = counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                        ("source",))
-        self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
-        self.cached_by_source = counter("vllm:prompt_tokens_cached_by_source",
-                                        "Prefix-cache hit tokens by the cache tier that supplied them.",
-                                        ("source",))
+        if self.by_source:
+            self.prompt_by_source = counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                            ("source",))
+            self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
+            self.cached_by_source = counter("vllm:prompt_tokens_cached_by_source",
+                                            "Prefix-cache hit tokens by the cache tier that supplied them.",
+                                            ("source",))
+        self.computed = Histogram("vllm:request_prefill_kv_computed_tokens",
+                                  "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+                                  BASE, buckets=REQUEST_TOKENS_BUCKETS, registry=r)
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.success = counter("vllm:request_success", "Count of successfully processed requests.",
                                ("finished_reason",))
@@ -85,6 +100,25 @@ class VllmMetrics:
                         REQUEST_LATENCY_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                         ITL_BUCKETS)
+        if self.offload:
+            self._offload_families(r, counter)
+        self.busy = Gauge("kvscope_reference_device_busy", "1 while the reference device slot computes.", BASE,
+                          registry=r)
+        self.busy_seconds = counter("kvscope_reference_device_busy_seconds",
+                                    "Seconds the reference device slot spent computing.")
+        self.block_errors = counter("kvscope_reference_block_errors",
+                                    "Block files that could not be used (a miss, never data).", ("tier", "kind"))
+        if cache_info is not None:
+            info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                         [*sorted(cache_info), "engine"], registry=r)
+            info.labels(*[cache_info[k] for k in sorted(cache_info)], engine).set(1)
+        if offload_info is not None and self.offload:
+            oinfo = Gauge("vllm:kv_offload_config_info", "KV offloading configuration.",
+                          [*BASE, *sorted(offload_info)], registry=r)
+            oinfo.labels(*self.labels, *[offload_info[k] for k in sorted(offload_info)]).set(1)
+        self._touch_children()
+
+    def _offload_families(self, r: CollectorRegistry, counter: Callable[..., Counter]) -> None:
         self.load_bytes = counter("vllm:kv_offload_load_bytes", "Total bytes loaded from offload to GPU.")
         self.load_time = counter("vllm:kv_offload_load_time", "Total time loading from offload to GPU (s).")
         self.load_size = Histogram("vllm:kv_offload_load_size", "Bytes per load.", BASE,
@@ -101,38 +135,27 @@ class VllmMetrics:
                                         ("tier",))
         self.tier_write_time = counter("vllm:kv_offload_tiering_write_time", "Seconds writing to the tier.",
                                        ("tier",))
-        self.busy = Gauge("kvscope_reference_device_busy", "1 while the reference device slot computes.", BASE,
-                          registry=r)
-        self.busy_seconds = counter("kvscope_reference_device_busy_seconds",
-                                    "Seconds the reference device slot spent computing.")
-        self.block_errors = counter("kvscope_reference_block_errors",
-                                    "Block files that could not be used (a miss, never data).", ("tier", "kind"))
-        if cache_info is not None:
-            info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                         [*sorted(cache_info), "engine"], registry=r)
-            info.labels(*[cache_info[k] for k in sorted(cache_info)], engine).set(1)
-        if offload_info is not None:
-            oinfo = Gauge("vllm:kv_offload_config_info", "KV offloading configuration.",
-                          [*BASE, *sorted(offload_info)], registry=r)
-            oinfo.labels(*self.labels, *[offload_info[k] for k in sorted(offload_info)]).set(1)
-        self._touch_children()
 
     def _touch_children(self) -> None:
         """Every series exists from the start at 0, as vLLM creates its children up front."""
         for metric in (self.queries, self.hits, self.ext_queries, self.ext_hits, self.prompt_tokens,
-                       self.prompt_cached, self.generation_tokens, self.load_bytes, self.load_time,
-                       self.store_bytes, self.store_time, self.busy_seconds, self.running, self.waiting,
+                       self.generation_tokens, self.preemptions, self.busy_seconds, self.running, self.waiting,
                        self.usage, self.busy):
             metric.labels(*self.labels)
-        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-            self.prompt_by_source.labels(*self.labels, source)
-        for source in ALL_CACHED_SOURCES:
-            self.cached_by_source.labels(*self.labels, source)
         for reason in ("stop", "length", "abort", "error", "repetition"):
             self.success.labels(*self.labels, reason)
-        for tier in TIERING_LABEL.values():
-            for m in (self.tier_read_bytes, self.tier_read_time, self.tier_write_bytes, self.tier_write_time):
-                m.labels(*self.labels, tier)
+        if self.by_source:
+            self.prompt_cached.labels(*self.labels)
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+                self.prompt_by_source.labels(*self.labels, source)
+            for source in ALL_CACHED_SOURCES:
+                self.cached_by_source.labels(*self.labels, source)
+        if self.offload:
+            for metric in (self.load_bytes, self.load_time, self.store_bytes, self.store_time):
+                metric.labels(*self.labels)
+            for tier in TIERING_LABEL.values():
+                for m in (self.tier_read_bytes, self.tier_read_time, self.tier_write_bytes, self.tier_write_time):
+                    m.labels(*self.labels, tier)
 
     def admitted(self, prompt_tokens: int, hit_tokens: dict[Tier, int], has_connector: bool) -> None:
         """At the first schedule: what the prefix lookup found (counted at admission, as vLLM does)."""
@@ -143,18 +166,22 @@ class VllmMetrics:
         if has_connector:
             self.ext_queries.labels(*self.labels).inc(prompt_tokens - local)
             self.ext_hits.labels(*self.labels).inc(external)
-        for tier, tokens in hit_tokens.items():
-            if tokens:
-                self.cached_by_source.labels(*self.labels, CACHED_SOURCE[tier]).inc(tokens)
+        if self.by_source:
+            for tier, tokens in hit_tokens.items():
+                if tokens:
+                    self.cached_by_source.labels(*self.labels, CACHED_SOURCE[tier]).inc(tokens)
 
     def prefilled(self, prompt_tokens: int, local: int, external: int) -> None:
         self.prompt_tokens.labels(*self.labels).inc(prompt_tokens)
-        self.prompt_cached.labels(*self.labels).inc(local + external)
-        self.prompt_by_source.labels(*self.labels, "local_cache_hit").inc(local)
-        self.prompt_by_source.labels(*self.labels, "external_kv_transfer").inc(external)
-        self.prompt_by_source.labels(*self.labels, "local_compute").inc(prompt_tokens - local - external)
+        if self.by_source:
+            self.prompt_cached.labels(*self.labels).inc(local + external)
+            self.prompt_by_source.labels(*self.labels, "local_cache_hit").inc(local)
+            self.prompt_by_source.labels(*self.labels, "external_kv_transfer").inc(external)
+            self.prompt_by_source.labels(*self.labels, "local_compute").inc(prompt_tokens - local - external)
 
     def transfer(self, t: Transfer) -> None:
+        if not self.offload:
+            return
         if t.dst is Tier.G1:
             self.load_bytes.labels(*self.labels).inc(t.bytes)
             self.load_time.labels(*self.labels).inc(t.seconds)
@@ -171,8 +198,9 @@ class VllmMetrics:
             self.tier_write_time.labels(*self.labels, TIERING_LABEL[t.dst]).inc(t.seconds)
 
     def finished(self, ttft: float, queue: float, prefill: float, decode: float, e2e: float,
-                 itls: list[float], generated: int, reason: str) -> None:
+                 itls: list[float], generated: int, reason: str, computed: int = 0) -> None:
         L = self.labels
+        self.computed.labels(*L).observe(computed)  # vLLM counts a request's computed tokens when it finishes
         self.ttft.labels(*L).observe(ttft)
         self.queue.labels(*L).observe(queue)
         self.prefill.labels(*L).observe(prefill)

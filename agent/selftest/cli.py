@@ -21,7 +21,7 @@ def _selftest(args: argparse.Namespace) -> int:
 
     logging.getLogger().setLevel(logging.WARNING)  # the table is the output; warnings still show
     try:
-        rows, meta, _ = run_plans(select(args.scenario), args.workdir)
+        rows, meta, _ = run_plans(select(args.scenario, args.stack), args.workdir)
     except ScenarioUnavailable as exc:
         print(f"kvscope: selftest: {exc}", file=sys.stderr)
         return 2
@@ -56,6 +56,9 @@ def add_commands(sub: Any) -> None:
     st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "all"),
                     default="shared-prompts",
                     help="which scenario (default shared-prompts)")
+    st.add_argument("--stack", choices=("vllm", "dynamo-kvbm"), default="vllm",
+                    help="which engine stack the reference engine plays: vllm (its current dialect; --scenario "
+                    "picks the run) or dynamo-kvbm (the seeds' vLLM 0.14.1 + Dynamo KVBM, disk pool as G4)")
     st.add_argument("--json", type=Path, help="also write the checks as JSON here")
     st.add_argument("--workdir", type=Path, help="keep the agent configs, per-request JSONL and G3/G4 files here "
                     "(default: a temporary directory, removed)")

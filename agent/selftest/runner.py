@@ -13,11 +13,12 @@ from typing import Any
 from kvscope import __version__
 from kvscope.agent.selftest.checks import Check, check_run
 from kvscope.agent.selftest.harness import Harness, RunCapture
+from kvscope.agent.selftest.kvbm_stack import STACK, KvbmStackHarness, KvbmStackPlan, stack_checks
 from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
 from kvscope.agent.selftest.plans import SharedPromptsPlan, SweepPlan
 from kvscope.collectors.host_inputs import block_device_of
 
-Plan = SharedPromptsPlan | SweepPlan | NoisyPlan
+Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | KvbmStackPlan
 DEFAULT_PLANS: dict[str, Plan] = {
     # small geometry: real bytes, small files; queueing at concurrency 4 dominates TTFT
     "shared-prompts": SharedPromptsPlan(),
@@ -26,6 +27,11 @@ DEFAULT_PLANS: dict[str, Plan] = {
                             model="gpt-oss-120b"),
     # the seeds' G4 test quiet, then with competing I/O on G4's disk (O_DIRECT block files)
     "noisy-neighbour": NoisyPlan(),
+}
+# the other stacks `kvscope selftest --stack` runs; the plans above are the vLLM stack's
+STACK_PLANS: dict[str, dict[str, Plan]] = {
+    # the seeds' pod: vLLM 0.14.1 + Dynamo KVBM, gpt-oss-120b's KV geometry, the disk pool standing in for G4
+    STACK: {STACK: KvbmStackPlan()},
 }
 
 
@@ -63,7 +69,8 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
                 rows.extend((name, c) for c in noisy_checks(plan, base))
                 meta["scenarios"][name] = {"plan": asdict(plan), "seconds": round(time.monotonic() - start, 2)}
                 continue
-            harness = Harness(base / name / "agent", interval=interval)
+            stack = isinstance(plan, KvbmStackPlan)
+            harness = (KvbmStackHarness if stack else Harness)(base / name / "agent", interval=interval)
             start = time.monotonic()
             try:
                 plan.run(harness, base / name / "data")
@@ -76,10 +83,12 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
                                                 for r in harness.runs}}
             for run in harness.runs:
                 rows.append((name, settle_check(run)))
-                rows.extend((name, c) for c in check_run(run))
+                rows.extend((name, c) for c in (stack_checks(run) if stack else check_run(run)))
     return rows, meta, captures
 
 
-def select(scenario: str) -> dict[str, Plan]:
+def select(scenario: str, stack: str = "vllm") -> dict[str, Plan]:
+    if stack != "vllm":
+        return STACK_PLANS[stack]
     names: Sequence[str] = list(DEFAULT_PLANS) if scenario == "all" else [scenario]
     return {n: DEFAULT_PLANS[n] for n in names}

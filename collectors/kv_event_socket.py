@@ -1,0 +1,226 @@
+"""The KV-event subscriber's socket thread: ZMQ sockets, a receive queue bounded in bytes, replay requests.
+
+One SUB socket per data-parallel rank. The thread receives messages as they come and processes them one
+at a time from its own queue; between two messages (at most every DRAIN_EVERY seconds of processing) and
+while it waits for a replay, it moves whatever ZMQ has received into the queue. Memory is bounded in bytes:
+
+- ZMQ's MAXMSGSIZE: a frame larger than `max_message_bytes` makes ZMQ drop the connection. ZMQ takes
+  that for a protocol error and does not reconnect by itself, so a monitor socket watches each SUB and
+  connects it again after any disconnection; the batches lost with the connection show as a gap;
+- ZMQ's own queue holds at most `rcvhwm` messages, so at most rcvhwm × max_message_bytes; when it is
+  full ZMQ stops reading the TCP connection and the publisher's queue takes the rest (vLLM's PUB drops
+  beyond its `hwm`, which shows as a gap);
+- our queue holds at most `max_queue_bytes`: a message that does not fit is dropped at once and counted
+  in its stream's `shed` (the queue always takes one message, whatever its size);
+- a replay is read one batch at a time (ZMQ's queue for it again holds at most rcvhwm messages).
+
+So a flood costs at most about max_queue_bytes + 2 × rcvhwm × max_message_bytes of payload, and every
+batch it loses is counted: at once when our queue drops it, as a gap when a later batch is processed.
+
+Processing a message (`handle`) and checking a quiet stream's tail (`check_tail`) are the collector's;
+this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from kvscope.collectors.kv_event_schema import END_SEQ
+from kvscope.collectors.kv_event_sequence import Stream, log_once
+
+DRAIN_EVERY = 0.001  # seconds of processing between two moves of ZMQ's queue into ours
+DRAIN_LIMIT = 256  # messages moved per socket and drain: a flood must not keep the thread from processing
+POLL_MS = 100  # the longest the thread sleeps without looking at stop() and quiet streams
+
+Handle = Callable[[Stream, list[bytes]], None]
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    topic: bytes
+    rcvhwm: int  # messages in ZMQ's own queue per socket
+    max_message_bytes: int  # ZMQ MAXMSGSIZE, per frame
+    max_queue_bytes: int  # our queue, all ranks together
+    replay_timeout: float  # seconds without a reply before a replay is given up (5 x that in all)
+    tail_check_after: float  # seconds of quiet before a stream's tail is checked through replay
+
+
+class Receiver:
+    """Runs in the collector's socket thread (`run`); `replay` is called from `handle` on that thread."""
+
+    def __init__(self, ctx: zmq.Context[Any], streams: list[Stream], options: SocketOptions, handle: Handle,
+                 check_tail: Callable[[Stream], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._ctx = ctx
+        self._streams = streams
+        self.options = options
+        self._handle = handle
+        self._check_tail = check_tail
+        self._clock = clock
+        self._queue: deque[tuple[Stream, list[bytes], int]] = deque()
+        self._queued = 0
+        self.max_queued = 0  # the most bytes the queue held (for tests and the docs' bound)
+        self._socks: dict[zmq.Socket[Any], Stream] = {}
+        self._monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], Stream]] = {}
+        self.reconnects = 0  # connections we made again after ZMQ dropped them
+        self._poller = zmq.Poller()
+        self._last_message: dict[int, float] = {}  # rank -> clock() of its last message
+
+    def _configure(self, sock: zmq.Socket[Any]) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.options.rcvhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes)
+
+    def run(self, stop: threading.Event, ready: threading.Event) -> None:
+        try:
+            for stream in self._streams:
+                sock = self._ctx.socket(zmq.SUB)
+                self._configure(sock)
+                sock.setsockopt(zmq.SUBSCRIBE, self.options.topic)
+                self._socks[sock] = stream
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self._monitors[monitor] = (sock, stream)
+                sock.connect(stream.endpoint)
+                self._poller.register(sock, zmq.POLLIN)
+                self._poller.register(monitor, zmq.POLLIN)
+                self._last_message[stream.rank] = self._clock()
+            ready.set()
+            self._loop(stop)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for monitor, (sock, _) in self._monitors.items():
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+                monitor.close(0)
+            for sock in self._socks:
+                sock.close(0)
+
+    def _loop(self, stop: threading.Event) -> None:
+        queue = self._queue
+        next_drain = 0.0
+        while not stop.is_set():
+            if queue:
+                stream, frames, size = queue.popleft()
+                self._queued -= size
+                stream.queued_bytes -= size
+                self._handle(stream, frames)
+                now = self._clock()
+                if now >= next_drain:
+                    self._drain_ready(0)
+                    next_drain = now + DRAIN_EVERY
+                continue
+            if not self._drain_ready(self._poll_ms()):
+                self._check_quiet()
+
+    def _poll_ms(self) -> int:
+        """Sleep until a message comes, or the next quiet stream is due for a tail check."""
+        due = [self._last_message[s.rank] + self.options.tail_check_after for s in self._streams
+               if s.replay and s.expected is not None and s.tail_checked != s.expected]
+        if not due:
+            return POLL_MS
+        return max(0, min(POLL_MS, int((min(due) - self._clock()) * 1000) + 1))
+
+    def _drain_ready(self, timeout_ms: int) -> bool:
+        """Move what the sockets hold into the queue; False if nothing came within `timeout_ms`."""
+        events = self._poller.poll(timeout_ms)
+        for sock, _ in events:
+            stream = self._socks.get(sock)
+            if stream is not None:
+                self._drain(sock, stream)
+            else:
+                self._reconnect(sock)
+        return bool(events)
+
+    def _reconnect(self, monitor: zmq.Socket[Any]) -> None:
+        """A SUB lost its connection. After a protocol error (a frame over MAXMSGSIZE) ZMQ would leave it
+        disconnected for good; after any other, it is reconnecting already. Either way, start over: one
+        disconnect and connect leaves exactly one connection attempt behind."""
+        sock, stream = self._monitors[monitor]
+        recv_monitor_message(monitor)
+        with contextlib.suppress(zmq.ZMQError):  # ZMQ may have forgotten the endpoint already
+            sock.disconnect(stream.endpoint)
+        sock.connect(stream.endpoint)
+        self.reconnects += 1
+        log_once(stream, "reconnect", "the connection to the publisher dropped (it went away, or sent a "
+                 f"frame over max_message_bytes={self.options.max_message_bytes}); connecting again")
+
+    def _drain(self, sock: zmq.Socket[Any], stream: Stream) -> None:
+        queue = self._queue
+        limit = self.options.max_queue_bytes
+        self._last_message[stream.rank] = self._clock()
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            size = sum(map(len, frames))
+            if queue and self._queued + size > limit:
+                stream.shed += 1  # counted now; a gap in the sequence numbers shows it again later
+                continue
+            queue.append((stream, frames, size))
+            self._queued += size
+            stream.queued_bytes += size
+            if self._queued > self.max_queued:
+                self.max_queued = self._queued
+
+    def _check_quiet(self) -> None:
+        now = self._clock()
+        for stream in self._streams:
+            if now - self._last_message[stream.rank] >= self.options.tail_check_after:
+                self._check_tail(stream)
+
+    def replay(self, stream: Stream, start: int, stop: int | None,
+               malformed: Callable[[Stream, str], None]) -> Iterator[tuple[int, bytes]]:
+        """(seq, payload) of batches start..stop-1 (stop None: all it has) from vLLM's replay ROUTER.
+
+        A fresh DEALER sends `[b"", start_seq8]` and reads `[b"", topic, seq8, payload]` (vLLM >= 0.26) or
+        `[b"", seq8, payload]` (<= 0.25) until the end marker; a REQ socket would keep only the first reply.
+        Live messages keep being queued meanwhile. Gives up after replay_timeout seconds without a reply
+        or 5 x replay_timeout in all."""
+        sock = self._ctx.socket(zmq.DEALER)
+        self._configure(sock)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        for live in self._socks:
+            poller.register(live, zmq.POLLIN)
+        timeout = self.options.replay_timeout
+        try:
+            sock.connect(stream.replay)
+            sock.send_multipart([b"", start.to_bytes(8, "big")])
+            give_up = self._clock() + 5 * timeout
+            quiet_until = self._clock() + timeout
+            while True:
+                now = self._clock()
+                wait = min(quiet_until, give_up) - now
+                if wait <= 0:
+                    log_once(stream, "replay-timeout", f"replay from {stream.replay} timed out")
+                    return
+                ready = dict(poller.poll(int(wait * 1000) + 1))
+                for live in self._socks:
+                    if live in ready:
+                        self._drain(live, self._socks[live])
+                if sock not in ready:
+                    continue
+                quiet_until = self._clock() + timeout
+                frames = sock.recv_multipart()
+                if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != 8:
+                    malformed(stream, f"replay reply of {len(frames)} frames")
+                    continue
+                seq_bytes, payload = frames[-2], frames[-1]
+                if seq_bytes == END_SEQ or not payload:
+                    return
+                seq = int.from_bytes(seq_bytes, "big")
+                yield seq, payload
+                if stop is not None and seq >= stop - 1:
+                    return  # the rest of the buffer will arrive live
+        finally:
+            sock.close(0)

@@ -1,0 +1,106 @@
+"""Hardware path: the devices KV blocks cross — NVMe, NICs and RDMA ports, the shared-FS client, the GPU."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from kvscope.dashboards.panels import HOST, TIER, Query, build_dashboard, timeseries_panel
+
+UID = "kvscope-hardware"
+
+
+def _rate(metric: str, by: str, extra: str = "") -> str:
+    return f"sum by (instance, {by}) (rate({metric}{{{HOST}{extra}}}[$__rate_interval]))"
+
+
+def build() -> Dashboard:
+    storage = [
+        timeseries_panel("Block devices: read up, written down", (
+            "Bytes per second read from (above zero) and written to (below zero) each whole block device, "
+            "NVMe included, from /proc/diskstats (sectors × 512; NVMe multipath paths are folded into their "
+            "namespace). G3 lives on a local NVMe; a G4 on NVMe-oF shows here too "
+            "(kvscope_disk_read_bytes_total, kvscope_disk_written_bytes_total)."), "Bps",
+            [Query(_rate("kvscope_disk_read_bytes_total", "device"), "{{device}} read {{instance}}"),
+             Query(_rate("kvscope_disk_written_bytes_total", "device"), "{{device}} written {{instance}}")],
+            negative=[1]),
+        timeseries_panel("Block device time busy", (
+            "Share of wall time each device had at least one request in flight (io_ticks from "
+            "/proc/diskstats, kvscope_disk_io_time_seconds_total). Near 100 % is saturation for a disk that "
+            "serves one request at a time; an NVMe serves many at once, so read it as a hint only."),
+            "percentunit", [Query(_rate("kvscope_disk_io_time_seconds_total", "device"), "{{device}} {{instance}}")],
+            percent_max=True),
+        timeseries_panel("Shared-filesystem client: read up, written down", (
+            "Bytes per second applications on the node read and wrote through the shared-filesystem client "
+            "(NFS mountstats, Lustre llite stats, IBM Storage Scale mmpmon): the G4 path when G4 is a parallel "
+            "file system (kvscope_fs_read_bytes_total, kvscope_fs_written_bytes_total; cache hits included)."),
+            "Bps",
+            [Query(_rate("kvscope_fs_read_bytes_total", "mount, fstype"), "{{mount}} ({{fstype}}) read"),
+             Query(_rate("kvscope_fs_written_bytes_total", "mount, fstype"), "{{mount}} ({{fstype}}) written")],
+            negative=[1], span=24),
+    ]
+    network = [
+        timeseries_panel("NIC traffic per interface: received up, sent down", (
+            "Bytes per second through each network interface's kernel path, loopback left out "
+            "(/proc/net/dev; kvscope_network_receive_bytes_total, kvscope_network_transmit_bytes_total). "
+            "RDMA traffic bypasses these counters: see the RDMA panel."), "Bps",
+            [Query(_rate("kvscope_network_receive_bytes_total", "interface", ', interface!="lo"'),
+                   "{{interface}} in {{instance}}"),
+             Query(_rate("kvscope_network_transmit_bytes_total", "interface", ', interface!="lo"'),
+                   "{{interface}} out {{instance}}")], negative=[1]),
+        timeseries_panel("RDMA traffic per port: received up, sent down", (
+            "Data bytes per second on each InfiniBand or RoCE port (port_rcv_data and port_xmit_data × 4 from "
+            "/sys/class/infiniband; kvscope_rdma_receive_bytes_total, kvscope_rdma_transmit_bytes_total): "
+            "GPUDirect Storage and NIXL transfers that the NIC counters miss."), "Bps",
+            [Query(_rate("kvscope_rdma_receive_bytes_total", "device, port"), "{{device}}:{{port}} in"),
+             Query(_rate("kvscope_rdma_transmit_bytes_total", "device, port"), "{{device}}:{{port}} out")],
+            negative=[1]),
+    ]
+    gpu = [
+        timeseries_panel("GPU idle share", (
+            "Share of sampled time each GPU ran no kernel (recording rule kvscope:gpu_idle:ratio_rate5m, from "
+            "NVML utilization samples: kvscope_gpu_idle_seconds_total over busy plus idle). NVML's busy means "
+            "at least one kernel ran, so it overstates how much of the GPU worked."), "percentunit",
+            [Query(f"kvscope:gpu_idle:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], percent_max=True,
+            span=8),
+        timeseries_panel("Host↔GPU PCIe bytes: to the GPU up, from it down", (
+            "Bytes per second the GPU received over PCIe from the host (the G2→G1 wire, above zero) and sent "
+            "to it (G1→G2, below zero), from NVML's PCIe counters or its throughput samples "
+            "(kvscope_gpu_pcie_receive_bytes_total, kvscope_gpu_pcie_transmit_bytes_total)."), "Bps",
+            [Query(_rate("kvscope_gpu_pcie_receive_bytes_total", "gpu"), "GPU {{gpu}} host→GPU"),
+             Query(_rate("kvscope_gpu_pcie_transmit_bytes_total", "gpu"), "GPU {{gpu}} GPU→host")],
+            negative=[1], span=8),
+        timeseries_panel("GPU idle while requests wait on KV fetch", (
+            "Share of wall time each GPU ran no kernel while at least one request was fetching KV blocks and "
+            "none was computing (recording rule kvscope:gpu_fetch_stall:ratio_rate5m; the correlation engine "
+            "intersects NVML idle samples with the requests' fetch intervals)."), "percentunit",
+            [Query(f"kvscope:gpu_fetch_stall:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], span=8),
+    ]
+    contention = [
+        timeseries_panel("Tier path utilisation", (
+            "Traffic on the devices each tier's blocks travel (the disk, NIC, RDMA or FS series configured in "
+            "analyses.correlation.paths) over that path's peak, observed or configured "
+            "(kvscope_tier_path_utilisation_ratio, correlation engine)."), "percentunit",
+            [Query(f"kvscope_tier_path_utilisation_ratio{{{HOST}, {TIER}}}", "{{tier}} {{instance}}")]),
+        timeseries_panel("Non-KV share of the path and fetch bandwidth drop", (
+            "Share of a tier path's traffic that is not KV moving to or from the tier "
+            "(kvscope_tier_path_non_kv_share_ratio), and how far the tier's fetch bandwidth fell below its "
+            "quiet baseline (kvscope_tier_fetch_bandwidth_drop_ratio). Both rising together is another "
+            "workload on the same storage path."), "percentunit",
+            [Query(f"kvscope_tier_path_non_kv_share_ratio{{{HOST}, {TIER}}}", "{{tier}} non-KV share {{instance}}"),
+             Query(f"kvscope_tier_fetch_bandwidth_drop_ratio{{{HOST}, {TIER}}}",
+                   "{{tier}} bandwidth drop {{instance}}")]),
+        timeseries_panel("Noisy neighbour and saturation signals", (
+            "1 while the correlation engine finds the tier's path near its peak with fetch bandwidth down and "
+            "KV's share of the path fallen (noisy neighbour, kvscope_tier_noisy_neighbour), or the path at "
+            "its peak while the fetch share of TTFT grows (kvscope_tier_saturated)."), "bool_yes_no",
+            [Query(f"max by (instance, tier) (kvscope_tier_noisy_neighbour{{{HOST}, {TIER}}})",
+                   "{{tier}} noisy neighbour {{instance}}"),
+             Query(f"max by (instance, tier) (kvscope_tier_saturated{{{HOST}, {TIER}}})",
+                   "{{tier}} saturated {{instance}}")], span=24),
+    ]
+    return build_dashboard(
+        "kvscope / Hardware path", UID,
+        "The devices KV blocks cross on their way to the GPU: block devices (NVMe), NICs and RDMA ports, the "
+        "shared-filesystem client, PCIe and the GPU itself, and the correlation engine's storage-path signals.",
+        ("instance", "tier"),
+        [("Storage", storage), ("Network", network), ("GPU", gpu), ("Storage path contention", contention)])

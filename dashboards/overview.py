@@ -1,0 +1,123 @@
+"""KV tiers overview: is the cache hierarchy paying off, tier by tier?"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from kvscope.dashboards.panels import ENGINE, TIER, Query, bargauge_panel, build_dashboard, stat_panel, timeseries_panel
+
+UID = "kvscope-tiers"
+
+ONBOARD = (f'kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G2", dst="G1"}}'
+           f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G3", dst=~"G1|G2"}}'
+           f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G4", dst=~"G1|G2|G3"}}')
+OFFLOAD = (f'kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G1", dst=~"G2|G3|G4"}}'
+           f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G2", dst=~"G3|G4"}}'
+           f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G3", dst="G4"}}')
+
+
+def build() -> Dashboard:
+    paying_off = [
+        stat_panel("Prompt tokens served from the cache", (
+            "Share of the prompt tokens looked up in the KV hierarchy that some tier served (G1 to G4 and "
+            "unattributed hits), over the last 5 minutes, for the selected pods. From the engine's prefix-cache "
+            "counters (kvscope_kv_hit_tokens_total / kvscope_kv_lookup_tokens_total)."), "percentunit",
+            [Query(f"sum(kvscope:kv_hit_tokens:rate5m{{{ENGINE}}})"
+                   f" / (sum(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)")]),
+        stat_panel("Prefill time the cache saved", (
+            "Recompute time the cache avoided over the dashboard's time range, summed over the selected pods: "
+            "for each request that reused tokens, the fitted cost of computing its whole prompt minus what its "
+            "prefill and fetch actually took (correlation engine, kvscope_prefill_saved_seconds_total)."), "s",
+            [Query(f"sum(increase(kvscope_prefill_saved_seconds_total{{{ENGINE}}}[$__range]))")]),
+        stat_panel("TTFT without the cache ÷ with it", (
+            "How many times longer time to first token would have been had every prompt token been recomputed, "
+            "over the time range: the correlation engine's counterfactual TTFT (cache=without) over the measured "
+            "TTFT (cache=with) of the same requests (kvscope_counterfactual_ttft_seconds_total)."), "suffix:×",
+            [Query(f'sum(increase(kvscope_counterfactual_ttft_seconds_total{{{ENGINE}, cache="without"}}[$__range]))'
+                   f' / (sum(increase(kvscope_counterfactual_ttft_seconds_total{{{ENGINE}, cache="with"}}[$__range]))'
+                   " > 0)")],
+            decimals=2),
+        stat_panel("Lookups per second", (
+            "Prompt tokens the selected engines looked up in their KV hierarchy per second "
+            "(kvscope_kv_lookup_tokens_total, from the engine's prefix-cache queries)."), "suffix: tokens/s",
+            [Query(f"sum(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}})")]),
+        timeseries_panel("Prefill seconds saved and lost per second", (
+            "Seconds of prefill compute the cache avoided per second of wall time (above zero) and seconds "
+            "that reuse cost where fetching was slower than recomputing (below zero), by model. From the "
+            "correlation engine's cost model (kvscope_prefill_saved_seconds_total, "
+            "kvscope_prefill_lost_seconds_total)."), "suffix: s/s",
+            [Query(f"sum by (model) (rate(kvscope_prefill_saved_seconds_total{{{ENGINE}}}[$__rate_interval]))",
+                   "{{model}} saved"),
+             Query(f"sum by (model) (rate(kvscope_prefill_lost_seconds_total{{{ENGINE}}}[$__rate_interval]))",
+                   "{{model}} lost")], span=24, negative=[1]),
+    ]
+    hit_rates = [
+        timeseries_panel("Served share per tier", (
+            "Of all prompt tokens looked up, the share each tier served (recording rule "
+            "kvscope:kv_served_share:ratio_rate5m: hit tokens at the tier / lookup tokens, 5-minute rates). "
+            "Stacked, the tiers add up to the share served from cache; the rest was recomputed. "
+            "'unattributed' are hits the engine did not place in a tier."), "percentunit",
+            [Query(f"kvscope:kv_served_share:ratio_rate5m{{{ENGINE}, {TIER}}}", "{{tier}} {{instance}}")],
+            stack=True, percent_max=True),
+        timeseries_panel("Conditional hit rate per tier", (
+            "Of the prompt tokens that missed every faster tier and so reached this one, the share it served "
+            "(recording rule kvscope:kv_conditional_hit_ratio:rate5m). A tier whose line falls while tokens "
+            "still reach it is being evicted, shrunk or bypassed."), "percentunit",
+            [Query(f"kvscope:kv_conditional_hit_ratio:rate5m{{{ENGINE}, {TIER}}}", "{{tier}} {{instance}}")],
+            percent_max=True),
+    ]
+    links = [
+        timeseries_panel("KV bytes per link: onboard up, offload down", (
+            "Bytes per second moved between tiers, per link, as the engine reports its transfers "
+            "(kvscope_kv_transfer_bytes_total). Above zero: blocks moving toward the GPU (G4→G2, G3→G2, G2→G1, "
+            "and direct G3/G4→G1). Below zero: blocks offloaded away from it (G1→G2, G2→G3, G2→G4, ...)."),
+            "Bps",
+            [Query(f"sum by (src, dst) ({ONBOARD})", "{{src}} → {{dst}}"),
+             Query(f"sum by (src, dst) ({OFFLOAD})", "{{src}} → {{dst}}")], negative=[1]),
+        bargauge_panel("KV bytes moved per link over the time range", (
+            "Total bytes each link carried over the dashboard's time range, summed over the selected pods "
+            "(increase of kvscope_kv_transfer_bytes_total)."), "bytes",
+            [Query(f"sum by (src, dst) (increase(kvscope_kv_transfer_bytes_total{{{ENGINE}}}[$__range]))",
+                   "{{src}} → {{dst}}", instant=True)]),
+        timeseries_panel("Achieved bandwidth per link", (
+            "Bytes moved over seconds spent moving them, per link (recording rule "
+            "kvscope:kv_transfer_bandwidth_bytes_per_second:rate5m). Only links whose engine reports transfer "
+            "time appear."), "Bps",
+            [Query(f"kvscope:kv_transfer_bandwidth_bytes_per_second:rate5m{{{ENGINE}}}",
+                   "{{src}} → {{dst}} {{instance}}")], log_scale=True),
+        timeseries_panel("Blocks stored and removed per tier", (
+            "KV blocks per second that became resident in each tier (above zero) and left it (below zero), "
+            "from the engine's KV events (kvscope_kv_blocks_stored_total, kvscope_kv_blocks_removed_total). "
+            "Both high and equal is churn: the tier evicts what it just stored."), "suffix: blocks/s",
+            [Query(f"sum by (tier) (rate(kvscope_kv_blocks_stored_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
+                   "{{tier}} stored"),
+             Query(f"sum by (tier) (rate(kvscope_kv_blocks_removed_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
+                   "{{tier}} removed")], negative=[1]),
+    ]
+    residency = [
+        timeseries_panel("Resident blocks per tier", (
+            "KV blocks resident in each tier, summed over the selected pods, as kvscope rebuilds it from the "
+            "engine's KV events (kvscope_kv_resident_blocks). Absent while residency is unknown (the agent "
+            "joined late or lost event batches; see Agent health)."), "suffix: blocks",
+            [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}")], span=8),
+        timeseries_panel("Used bytes and capacity per tier", (
+            "KV bytes resident in each tier (kvscope_tier_used_bytes: resident blocks from the KV events × "
+            "tokens per block × the configured kv_bytes_per_token) against the tier's capacity as the engine's "
+            "configuration gives it (kvscope_tier_capacity_bytes, dashed), summed over the selected pods."),
+            "bytes",
+            [Query(f"sum by (tier) (kvscope_tier_used_bytes{{{ENGINE}, {TIER}}})", "{{tier}} used"),
+             Query(f"sum by (tier) (kvscope_tier_capacity_bytes{{{ENGINE}, {TIER}}})", "{{tier}} capacity")],
+            dashed=[1], span=8),
+        bargauge_panel("Capacity per tier (tokens)", (
+            "KV capacity of each tier in tokens as the engine reports it (kvscope_tier_capacity_tokens), "
+            "summed over the selected pods."), "suffix: tokens",
+            [Query(f"sum by (tier) (kvscope_tier_capacity_tokens{{{ENGINE}, {TIER}}})", "{{tier}}", instant=True)],
+            span=8),
+    ]
+    return build_dashboard(
+        "kvscope / KV tiers overview", UID,
+        "Is the KV-cache hierarchy paying off? Hit rates per tier, bytes per link, residency and capacity, "
+        "and the prefill time the cache saved.",
+        ("instance", "engine", "model", "tier"),
+        [("Is the cache paying off?", paying_off), ("Hit rates per tier", hit_rates),
+         ("Bytes per link", links), ("Residency and capacity", residency)])

@@ -1,0 +1,94 @@
+"""TTFT attribution: when time to first token is slow, is it queueing, KV fetch or prefill compute?"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from kvscope.dashboards.panels import ENGINE, TIER, Query, build_dashboard, stat_panel, timeseries_panel
+
+UID = "kvscope-ttft"
+
+
+def _quantile(q: str, metric: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{ENGINE}}}[$__rate_interval])))"
+
+
+def _split(per: str) -> str:
+    """Attributed seconds per component over the TTFT histogram's `sum` (a share) or `count` (per request)."""
+    return (f"sum by (component) (rate(kvscope_ttft_attributed_seconds_total{{{ENGINE}}}[$__rate_interval]))"
+            f" / ignoring(component) group_left()"
+            f" (sum(rate(kvscope_ttft_seconds_{per}{{{ENGINE}}}[$__rate_interval])) > 0)")
+
+
+def build() -> Dashboard:
+    ttft = [
+        timeseries_panel("TTFT p50 / p95 / p99", (
+            "Time to first token of the selected engines, by the engine's own definition, as quantiles of its "
+            "TTFT histogram over the selected pods (kvscope_ttft_seconds)."), "s",
+            [Query(_quantile("0.5", "kvscope_ttft_seconds"), "p50"),
+             Query(_quantile("0.95", "kvscope_ttft_seconds"), "p95"),
+             Query(_quantile("0.99", "kvscope_ttft_seconds"), "p99")], span=12),
+        stat_panel("Mean TTFT", (
+            "Mean time to first token: the TTFT histogram's sum over its count (kvscope_ttft_seconds)."), "s",
+            [Query(f"sum(rate(kvscope_ttft_seconds_sum{{{ENGINE}}}[$__rate_interval]))"
+                   f" / (sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval])) > 0)")]),
+        stat_panel("First tokens per second", (
+            "Requests that produced their first token per second (count of the TTFT histogram, "
+            "kvscope_ttft_seconds_count)."), "reqps",
+            [Query(f"sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval]))")]),
+    ]
+    split = [
+        timeseries_panel("Share of TTFT: queue / fetch / prefill / other", (
+            "Where time to first token goes, as a share of the TTFT sum: waiting to be scheduled (queue), "
+            "moving KV blocks toward the GPU (fetch), computing the prompt (prefill) and the remainder (other). "
+            "From the correlation engine's attribution of the engine's histogram sums and transfer times "
+            "(kvscope_ttft_attributed_seconds_total / kvscope_ttft_seconds_sum); per pod it is the recording "
+            "rule kvscope:ttft_component_share:ratio_rate5m."), "percentunit",
+            [Query(_split("sum"), "{{component}}")], stack=True, percent_max=True),
+        timeseries_panel("TTFT split per request", (
+            "The same split in seconds per request: attributed seconds over first tokens "
+            "(kvscope_ttft_attributed_seconds_total / kvscope_ttft_seconds_count)."), "s",
+            [Query(_split("count"), "{{component}}")], stack=True),
+        timeseries_panel("Fetch share of TTFT against prompt length", (
+            "Left: fetch's share of TTFT per pod (recording rule kvscope:ttft_fetch_share:ratio_rate5m) and the "
+            "median request's fetch share (kvscope_ttft_fetch_share_ratio, per request where the fetch is "
+            "known). Right: the mean prompt length of the same requests (kvscope_prompt_tokens_total over "
+            "first tokens). Fetch share that grows with prompt length points at fetch bandwidth; at a "
+            "constant length, at the tier's path."), "percentunit",
+            [Query(f"kvscope:ttft_fetch_share:ratio_rate5m{{{ENGINE}}}", "fetch share {{instance}}"),
+             Query(_quantile("0.5", "kvscope_ttft_fetch_share_ratio"), "median request's fetch share"),
+             Query(f"sum(rate(kvscope_prompt_tokens_total{{{ENGINE}}}[$__rate_interval]))"
+                   f" / (sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval])) > 0)",
+                   "mean prompt tokens")],
+            right_axis={2: "suffix: tokens"}),
+        timeseries_panel("Break-even against measured fetch bandwidth per tier", (
+            "Solid: the fetch bandwidth each tier achieved (recording rule "
+            "kvscope:kv_fetch_bandwidth_bytes_per_second:rate5m: bytes onboarded from the tier over the "
+            "seconds spent). Dashed: the bandwidth below which fetching the typical reused prefix from that "
+            "tier takes longer than recomputing it (correlation engine's cost model, "
+            "kvscope_fetch_breakeven_bandwidth_bytes_per_second). Solid under dashed: reuse from that tier "
+            "makes TTFT worse."), "Bps",
+            [Query(f"kvscope:kv_fetch_bandwidth_bytes_per_second:rate5m{{{ENGINE}, {TIER}}}",
+                   "{{tier}} measured {{instance}}"),
+             Query(f"kvscope_fetch_breakeven_bandwidth_bytes_per_second{{{ENGINE}, {TIER}}}",
+                   "{{tier}} break-even {{instance}}")], dashed=[1], log_scale=True),
+    ]
+    engine = [
+        timeseries_panel("Queue and prefill time as the engine reports them (p95)", (
+            "95th percentile of the engine's own phase histograms: time waiting before first being scheduled "
+            "(kvscope_queue_time_seconds) and time from first schedule to first token "
+            "(kvscope_prefill_time_seconds; in vLLM, synchronous KV loads sit inside it)."), "s",
+            [Query(_quantile("0.95", "kvscope_queue_time_seconds"), "queue p95"),
+             Query(_quantile("0.95", "kvscope_prefill_time_seconds"), "prefill p95")]),
+        timeseries_panel("Requests running and waiting", (
+            "Requests in the engine's running batch and waiting to be scheduled, summed over the selected "
+            "pods (kvscope_requests_running, kvscope_requests_waiting)."), "suffix: requests",
+            [Query(f"sum(kvscope_requests_running{{{ENGINE}}})", "running"),
+             Query(f"sum(kvscope_requests_waiting{{{ENGINE}}})", "waiting")]),
+    ]
+    return build_dashboard(
+        "kvscope / TTFT attribution", UID,
+        "Time to first token and where it goes: queue, KV fetch, prefill and other, fetch share against "
+        "prompt length, and each tier's fetch bandwidth against its break-even.",
+        ("instance", "engine", "model", "tier"),
+        [("Time to first token", ttft), ("Where TTFT goes", split), ("The engine's phases", engine)])
