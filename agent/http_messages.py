@@ -19,6 +19,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 
 MAX_HEADERS = 100
+MAX_HEAD_BYTES = 32 * 1024  # request line and header fields together (each line also within the reader's limit)
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")  # visible ASCII: no spaces, controls or raw 8-bit bytes
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
@@ -192,7 +193,8 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
 
 
 async def read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, Headers]:
-    """The request line and header fields; the reader's limit bounds each line's length."""
+    """The request line and header fields; the reader's limit bounds each line's length, MAX_HEAD_BYTES
+    and MAX_HEADERS the whole."""
     line = await read_line(reader)
     for _ in range(4):  # RFC 9112 §2.2: empty lines before a request line are ignored
         if line:
@@ -200,10 +202,14 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, Header
         line = await read_line(reader)
     method, target, version = parse_request_line(line)
     fields: dict[str, list[str]] = {}
+    size = len(line)
     for _ in range(MAX_HEADERS + 1):
         line = await read_line(reader)
         if not line:
             return method, target, version, Headers(fields)
+        size += len(line)
+        if size > MAX_HEAD_BYTES:
+            raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
         parse_header_line(line, fields)
     raise HttpError(431, f"more than {MAX_HEADERS} header fields")
 

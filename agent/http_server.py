@@ -93,11 +93,11 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.evicted = 0  # connections closed to make room for a new one
         self.turned_away = 0  # connections closed at once: every slot was serving a request
+        self._sock = bind(host, port, self.limits.backlog)
         self.app = app
         self.server_header = server_header
         self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
         self._refused = refused
-        self._sock = bind(host, port, self.limits.backlog)
         self._conns: OrderedDict[Connection, None] = OrderedDict()  # the longest waiting first
         self._starting = 0  # accepted sockets whose connection is being set up
         self._tasks: set[asyncio.Task[None]] = set()

@@ -87,6 +87,8 @@ def test_bad_request_lines(line: bytes, status: int) -> None:
         (b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", 431),
         (b"GET / HTTP/1.1\r\nX: " + b"y" * 9000 + b"\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\n" + b"".join(b"X%d: %b\r\n" % (i, b"y" * 8000) for i in range(5)) + b"\r\n",
+         431),  # each line within its limit, the head over 32 KiB
     ],
 )
 def test_bad_heads(data: bytes, status: int) -> None:
