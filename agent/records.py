@@ -46,6 +46,9 @@ class RequestRecord:
     prefill: float | None = None  # measured prefill time (vLLM: first schedule -> first token)
     fetches: tuple[TierFetch, ...] = ()  # reused tokens by tier below G1, where the source says
     fetch_seconds: float | None = None  # measured total fetch time (reference pipeline)
+    # measured offload (evictions, stores down) between the first schedule and the first token, i.e. inside
+    # the prefill phase (reference pipeline); None: the source does not say
+    offload_seconds: float | None = None
     # Explicit phase intervals, where the source timed them; otherwise derived from the phases above.
     fetch_intervals: tuple[Interval, ...] = ()
     compute_intervals: tuple[Interval, ...] = ()
@@ -101,11 +104,15 @@ class RecordBuffer:
 
 
 Method = Literal["measured", "estimated", "derived"]
+# the components of a TTFT, in the order of a request's path (other is what remains, wherever it sat)
+COMPONENTS = ("queue", "fetch", "offload", "prefill", "other")
+# the attribution errors an Attribution carries (attribute names), exported as the error counter's `kind`
+ERROR_KINDS = ("negative_remainder", "fetch_overflow", "estimate_overflow", "offload_overflow")
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One component of a TTFT (queue, fetch, prefill, other): its seconds and how they were obtained."""
+    """One component of a TTFT (queue, fetch, offload, prefill, other): its seconds and how they were obtained."""
 
     seconds: float
     method: Method
@@ -118,6 +125,7 @@ class Attribution:
     negative_remainder: float = 0.0  # measured/estimated parts exceeded TTFT by this much
     fetch_overflow: float = 0.0  # fetch larger than the phase that contains it, by this much
     estimate_overflow: float = 0.0  # estimated compute larger than the measured prefill, by this much
+    offload_overflow: float = 0.0  # offload larger than what was left of the prefill phase, by this much
 
     def seconds(self, component: str) -> float:
         part = self.parts.get(component)
@@ -132,3 +140,6 @@ class AttributedRequest:
     attribution: Attribution
     prefill_saved: float | None  # recompute time the cache avoided (negative: the cache cost time)
     ttft_without_cache: float | None  # the counterfactual TTFT had nothing been reused
+    # how far the two counterfactuals can be trusted: "high" when the prefill cost model was fitted with
+    # its coefficients pinned down, "low" when it fell back to a prior; "" when there is no counterfactual
+    confidence: str = ""

@@ -10,7 +10,13 @@ server-metrics scraper on the engine's /metrics. Printed: RPS and TTFT as AIPerf
 next to the agent's (server-side TTFT histogram, per-request records) and `kvscope analyze`'s figures.
 Skips with a message (exit 0) when AIPerf cannot be installed (no registry).
 
+The engine's own truth records are compared with the agent's attribution (per-request JSONL and the
+aggregate from /metrics): the TTFT split per component and the prefill time the cache saved.
+
 Usage: .venv/bin/python bench/bench_aiperf.py [--venv /tmp/aiperf-venv] [--keep DIR] [--requests 36]
+The issue-12 repro (gpt-oss-120b geometry, G1 keeping blocks and evicting to G2):
+  bench/bench_aiperf.py --g1 1GiB --g1-retain --g2 2GiB --g4 20GiB --isl 8000 --osl 16 --concurrency 1 \
+      --requests 16 --prompts 8
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kvscope.agent.config import load_config
 from kvscope.agent.contract import TTFT_SECONDS
 from kvscope.agent.reference.engine import Engine, EngineConfig
+from kvscope.agent.reference.geometry import parse_size, preset
 from kvscope.agent.reference.openai_server import ReferenceServer
 from kvscope.agent.wiring import build_agent, components
 
@@ -112,7 +119,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--isl", type=int, default=3000, help="prompt tokens, client tokenizer")
     p.add_argument("--osl", type=int, default=8)
-    p.add_argument("--g2-blocks", type=int, default=0, help="host-memory tier G2 in blocks (default 0: staging only)")
+    p.add_argument("--g1", default="576MiB", help="G1 capacity (default 576MiB: 64 blocks of gpt-oss-120b)")
+    p.add_argument("--g1-retain", action="store_true", help="G1 keeps blocks between requests (evicting to G2)")
+    p.add_argument("--g2", default="0", help="host-memory tier G2 (default 0: staging only)")
+    p.add_argument("--g4", default="18GiB", help="G4 capacity (default 18GiB)")
     p.add_argument("--no-cache", action="store_true", help="a recompute baseline: G1 keeps nothing, no G2/G4")
     args = p.parse_args()
     exe = ensure_aiperf(args.venv)
@@ -127,9 +137,12 @@ def main() -> int:
     env.update(HF_HOME=str(tokenizer_home(args.venv, work / "hf")), HF_HUB_OFFLINE="1")
     model = "openai/gpt-oss-120b"
     otlp_port = free_port()
-    config = EngineConfig(data_dir=work / "engine", served_model_name=model, g1_blocks=64, g1_retain=False,
-                          g2_blocks=0 if args.no_cache else args.g2_blocks,
-                          g4_blocks=0 if args.no_cache else 2048, prefix_caching=not args.no_cache,
+    block = preset(model).block_bytes(256)
+    config = EngineConfig(data_dir=work / "engine", served_model_name=model,
+                          g1_blocks=parse_size(args.g1) // block, g1_retain=args.g1_retain and not args.no_cache,
+                          g2_blocks=0 if args.no_cache else parse_size(args.g2) // block,
+                          g4_blocks=0 if args.no_cache else parse_size(args.g4) // block,
+                          prefix_caching=not args.no_cache,
                           kv_events_endpoint=None, kv_events_replay_endpoint=None,
                           otlp_traces_endpoint=f"http://127.0.0.1:{otlp_port}", default_max_tokens=args.osl)
     engine = Engine(config)
@@ -155,6 +168,7 @@ def main() -> int:
     print(f"aiperf {AIPERF.split('==')[1]}: {wall:.1f} s wall for {args.requests} requests "
           f"({args.prompts} prompts, concurrency {args.concurrency}, ISL {args.isl}); output in {out}")
     report(aiperf_dir, jsonl, agent.store, model)
+    against_truth(engine, jsonl, agent.store)
     return 0
 
 
@@ -185,6 +199,48 @@ def report(aiperf_dir: Path, jsonl: Path, store: object, model: str) -> None:
             f"{k} {v / max(s.ttft, 1e-12):.1%}" for k, v in s.components.items()))
     print("client TTFT - server TTFT (AIPerf overhead, network): "
           f"{(ttft.get('avg', 0) - (agent_ttft / agent_n * 1e3 if agent_n else 0)):.1f} ms")
+
+
+COMPONENTS = ("queue", "fetch", "offload", "prefill", "other")
+
+
+def _shares(seconds: dict[str, float]) -> dict[str, float]:
+    total = sum(seconds.values())
+    return {k: 100 * seconds.get(k, 0.0) / total if total else 0.0 for k in COMPONENTS}
+
+
+def against_truth(engine: Engine, jsonl: Path, store: object) -> None:
+    """The engine's truth records against the agent's per-request lines and aggregate split."""
+    from kvscope.agent.store import Store
+
+    assert isinstance(store, Store)
+    truths = list(engine.truth.records)
+    truth = {k: 0.0 for k in COMPONENTS}
+    saved = 0.0
+    for t in truths:
+        offload = float(getattr(t, "offload_s", 0.0))
+        for k, v in zip(COMPONENTS, (t.queue_s, t.fetch_total_s, offload, t.prefill_compute_s, t.other_s),
+                        strict=True):
+            truth[k] += v
+        if t.tokens_by_tier:
+            saved += t.recompute_s - (t.prefill_compute_s + t.fetch_total_s)
+    lines = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()] if jsonl.exists() else []
+    per_request = {k: 0.0 for k in COMPONENTS}
+    for line in lines:
+        for k, part in line.get("components", {}).items():
+            per_request[k] = per_request.get(k, 0.0) + (part.get("seconds") or 0.0)
+    aggregate = {k: 0.0 for k in COMPONENTS}
+    for labels, value in store.values("kvscope_ttft_attributed_seconds_total").items():
+        aggregate[labels[3]] = aggregate.get(labels[3], 0.0) + value
+    agent_saved = sum(store.values("kvscope_prefill_saved_seconds_total").values()) - sum(
+        store.values("kvscope_prefill_lost_seconds_total").values())
+    ts, ps, gs = _shares(truth), _shares(per_request), _shares(aggregate)
+    print(f"TTFT split, % of TTFT ({len(truths)} truth records, {len(lines)} attributed requests)")
+    print(f"{'component':<10} {'truth':>7} {'agent/request':>14} {'agent/aggregate':>16}")
+    for k in COMPONENTS:
+        print(f"{k:<10} {ts[k]:>7.1f} {ps[k]:>14.1f} {gs[k]:>16.1f}")
+    error = (agent_saved - saved) / saved if saved else float("nan")
+    print(f"prefill saved s: truth {saved:.3f}, agent {agent_saved:.3f} ({error:+.1%})")
 
 
 if __name__ == "__main__":

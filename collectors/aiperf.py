@@ -13,6 +13,14 @@ for counters and gauges, `{"buckets": {le: count}, "sum": N, "count": N}` for hi
 `{"summary": {quantile: value}, "sum": N, "count": N}` for summaries (clients.md §4). Consecutive identical scrapes are
 deduplicated by AIPerf, so a gap between lines does not mean a missing scrape.
 
+`server_metrics_export.json` (AIPerf's default format, written on every run): no time series, the growth of
+each series over the profiling phase — `metrics: {name: {"type", "series": [{"labels", "stats", "buckets"?}]}}`
+with `stats.total` for a counter, `stats.sum`/`stats.count` and `buckets` (per-bucket counts, not cumulative
+here either way: the growth of each cumulative bucket) for a histogram, and the phase's bounds in
+`summary.phase_time_ranges.profiling` (tests/fixtures/aiperf_live). `parse_server_metrics_summary` turns it into
+the same shape as the JSONL: two scrapes, zero at the phase's start and the growth at its end, so whatever
+reads growth between scrapes reads both formats alike. Gauges have no growth and are left out.
+
 Parsing is a pure function of the text: a bad line is counted and skipped, never raised.
 """
 
@@ -200,6 +208,50 @@ def parse_server_metrics(text: str) -> ServerMetricsExport:
         out.scrapes.append(Scrape(str(data.get("endpoint_url", "")), timestamp,
                                   latency if isinstance(latency, int) and not isinstance(latency, bool) else None,
                                   tuple(entries), str(data.get("benchmark_phase") or "")))
+    return out
+
+
+def _summary_entry(name: str, kind: str, series: Any) -> tuple[ScrapeEntry, ScrapeEntry] | None:
+    """(zero, growth) entries of one series of the JSON summary; None for a gauge or another kind."""
+    labels = {str(k): str(v) for k, v in (series.get("labels") or {}).items()}
+    stats = series.get("stats") or {}
+    if kind == "counter":
+        return ScrapeEntry(name, labels, value=0.0), ScrapeEntry(name, labels, value=_float(stats["total"]))
+    if kind == "histogram":
+        buckets = tuple(sorted((_float(le), _float(c)) for le, c in (series.get("buckets") or {}).items()))
+        return (ScrapeEntry(name, labels, buckets=tuple((le, 0.0) for le, _ in buckets), sum=0.0, count=0.0),
+                ScrapeEntry(name, labels, buckets=buckets, sum=_float(stats["sum"]), count=_float(stats["count"])))
+    return None
+
+
+def parse_server_metrics_summary(text: str) -> ServerMetricsExport:
+    """`server_metrics_export.json` as two scrapes (see the module docstring); an unreadable file is one bad line."""
+    out = ServerMetricsExport()
+    try:
+        data = json.loads(text)
+        metrics = data["metrics"]
+        summary = data.get("summary") or {}
+        phase = (summary.get("phase_time_ranges") or {}).get("profiling") or {}
+        start, end = int(phase["start_ns"]), int(phase["end_ns"])
+        if not isinstance(metrics, dict) or end <= start:
+            raise ValueError("metrics must be an object and the profiling phase must have a length")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        out.bad_lines += 1
+        return out
+    zeros, growth = [], []
+    for name, family in metrics.items():
+        try:
+            kind = str(family.get("type", ""))
+            for series in family["series"]:
+                pair = _summary_entry(str(name), kind, series)
+                if pair is not None:
+                    zeros.append(pair[0])
+                    growth.append(pair[1])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            out.bad_entries += 1
+    url = next(iter(summary.get("endpoints_successful") or [""]))
+    out.scrapes = [Scrape(str(url), start - 1, None, tuple(zeros), "profiling"),
+                   Scrape(str(url), end, None, tuple(growth), "profiling")]
     return out
 
 

@@ -5,8 +5,9 @@ and `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`; point it at this receive
 (`http://localhost:4318/v1/traces`; loopback by default, TLS and basic auth as for /metrics: docs/security.md).
 Each `llm_request` span gives TTFT, queue time, prefill time and
 the prompt length; the records go to the shared RecordBuffer the correlation engine drains. vLLM's span
-carries no cached-token or KV-tier attribute, so two attributes of kvscope's own are read where a
-source sets them (the reference pipeline does): `kvscope.kv.cached_tokens` and `kvscope.kv.fetch_seconds`.
+carries no cached-token or KV-tier attribute, so three attributes of kvscope's own are read where a
+source sets them (the reference pipeline does): `kvscope.kv.cached_tokens`, `kvscope.kv.fetch_seconds` and
+`kvscope.kv.offload_seconds` (eviction and store work inside the prefill phase).
 
 Decoding is a pure function of the body (`decode_export`); the HTTP side only enforces limits:
 a body over `max_body_bytes` (also after gzip/deflate decompression) is refused with 413, an unknown
@@ -52,6 +53,7 @@ REQUEST_ID = "gen_ai.request.id"
 MODEL_ATTRS = ("gen_ai.response.model", "gen_ai.request.model")  # not set by vLLM 0.33; used when present
 CACHED_TOKENS = "kvscope.kv.cached_tokens"
 FETCH_SECONDS = "kvscope.kv.fetch_seconds"
+OFFLOAD_SECONDS = "kvscope.kv.offload_seconds"
 
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
 
@@ -124,7 +126,7 @@ def span_record(span: Any, labels: Labels) -> RequestRecord | None:
     ttft = _number(attrs, TTFT)
     if ttft is None:
         return None
-    durations = {key: _number(attrs, key) for key in (QUEUE, PREFILL, FETCH_SECONDS)}
+    durations = {key: _number(attrs, key) for key in (QUEUE, PREFILL, FETCH_SECONDS, OFFLOAD_SECONDS)}
     if any(key in attrs and durations[key] is None for key in durations):
         return None
     prompt, cached = _number(attrs, PROMPT_TOKENS), _number(attrs, CACHED_TOKENS)
@@ -137,6 +139,7 @@ def span_record(span: Any, labels: Labels) -> RequestRecord | None:
         prompt_tokens=None if prompt is None else int(prompt),
         cached_tokens=None if cached is None else int(cached),
         queue=durations[QUEUE], prefill=durations[PREFILL], fetch_seconds=durations[FETCH_SECONDS],
+        offload_seconds=durations[OFFLOAD_SECONDS],
         source="otlp", trace_id=_span_id(span.trace_id, 16), span_id=_span_id(span.span_id, 8),
     )
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from kvscope.agent.catalogue import counter
-from kvscope.agent.records import AttributedRequest
+from kvscope.agent.records import ERROR_KINDS, AttributedRequest
 from kvscope.agent.store import Store
 
 log = logging.getLogger("kvscope.jsonl")
@@ -39,10 +39,9 @@ def request_line(result: AttributedRequest) -> dict[str, Any]:
         "model": record.model, "dp_rank": record.dp_rank, "arrival": record.arrival,
         "ttft": num(record.ttft), "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
         "components": {name: {"seconds": num(p.seconds), "method": p.method} for name, p in attribution.parts.items()},
-        "errors": {"negative_remainder": num(attribution.negative_remainder),
-                   "fetch_overflow": num(attribution.fetch_overflow),
-                   "estimate_overflow": num(attribution.estimate_overflow)},
+        "errors": {kind: num(getattr(attribution, kind)) for kind in ERROR_KINDS},
         "prefill_saved": num(result.prefill_saved), "ttft_without_cache": num(result.ttft_without_cache),
+        "confidence": result.confidence,
     }
 
 

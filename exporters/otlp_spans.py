@@ -4,8 +4,8 @@ One span per request, `kvscope.ttft`, from arrival to first token. Where the eng
 (vLLM's `llm_request`, received by the `otlp_traces` collector) it is that span's child, so it shows
 inside the engine's trace in Tempo or Jaeger; otherwise it starts a trace of its own. Under it, one
 span per TTFT component the correlation analysis attributed — `kvscope.other`, `kvscope.queue`,
-`kvscope.fetch`, `kvscope.prefill` — laid back to back in that order so that they end at the first
-token. The durations are the attribution's; the placement is a picture (vLLM's span gives phase
+`kvscope.offload`, `kvscope.fetch`, `kvscope.prefill` — laid back to back in that order so that they end
+at the first token. The durations are the attribution's; the placement is a picture (vLLM's span gives phase
 lengths, not phase times). Per tier, where the source said what it fetched from where, an event
 `kvscope.kv.fetch` on the fetch span. The attribute names are in docs/otlp-export.md.
 
@@ -33,15 +33,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from kvscope.agent.records import AttributedRequest, RequestRecord
+from kvscope.agent.records import ERROR_KINDS, AttributedRequest, RequestRecord
 from kvscope.agent.store import Store
 from kvscope.exporters.otlp_settings import TRACES, ExportCounter
 
 log = logging.getLogger("kvscope.otlp")
 
 ROOT = "kvscope.ttft"
-# laid out backwards from the first token: prefill ends there, the fetch before it, ...
-LAYOUT = ("prefill", "fetch", "queue", "other")
+# laid out backwards from the first token: prefill ends there, the fetch before it, the offload that made
+# room for both before that (an engine makes room before it loads), ...
+LAYOUT = ("prefill", "fetch", "offload", "queue", "other")
 FETCH_EVENT = "kvscope.kv.fetch"
 STOP_GRACE = 2.0  # seconds stop() waits for the queue to go out before it drops the rest
 EXPORT_DELAY = 1.0  # seconds a partial batch waits (the analysis hands over one window at a time)
@@ -67,7 +68,7 @@ def request_attributes(result: AttributedRequest) -> dict[str, AttributeValue]:
     for name, part in attribution.parts.items():
         attrs[f"kvscope.ttft.{name}.seconds"] = part.seconds
         attrs[f"kvscope.ttft.{name}.method"] = part.method
-    for kind in ("negative_remainder", "fetch_overflow", "estimate_overflow"):
+    for kind in ERROR_KINDS:
         error = getattr(attribution, kind)
         if error:
             attrs[f"kvscope.ttft.error.{kind}.seconds"] = error
@@ -81,6 +82,8 @@ def request_attributes(result: AttributedRequest) -> dict[str, AttributeValue]:
         attrs["kvscope.prefill_saved.seconds"] = result.prefill_saved
     if result.ttft_without_cache is not None:
         attrs["kvscope.ttft_without_cache.seconds"] = result.ttft_without_cache
+    if result.confidence:
+        attrs["kvscope.counterfactual.confidence"] = result.confidence
     return attrs
 
 

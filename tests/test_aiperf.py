@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from kvscope.collectors.aiperf import (
     parse_profile_export,
     parse_profile_line,
     parse_server_metrics,
+    parse_server_metrics_summary,
     read_artifact_dir,
     to_record,
 )
@@ -85,3 +87,27 @@ def test_real_aiperf_0_13_histograms_under_buckets_parse_cleanly() -> None:
     ttft = [e for e in export.scrapes[-1].entries if e.name == "vllm:time_to_first_token_seconds"]
     assert ttft and ttft[0].buckets[-1][0] == float("inf")
     assert ttft[0].count == ttft[0].buckets[-1][1] > 0
+
+
+def test_the_json_summary_becomes_two_scrapes_of_growth() -> None:
+    text = json.dumps({"summary": {"phase_time_ranges": {"profiling": {"start_ns": 1000, "end_ns": 5000}},
+                                   "endpoints_successful": ["http://e/metrics"]},
+                       "metrics": {
+                           "vllm:prompt_tokens": {"type": "counter", "series": [
+                               {"labels": {"engine": "0"}, "stats": {"total": 42.0, "rate": 1.0}}]},
+                           "vllm:ttft": {"type": "histogram", "series": [
+                               {"labels": {}, "stats": {"count": 3, "sum": 1.5}, "buckets": {"0.5": 1, "+Inf": 3}}]},
+                           "vllm:running": {"type": "gauge", "series": [{"labels": {}, "stats": {"avg": 1.0}}]},
+                           "vllm:broken": {"type": "counter", "series": [{"labels": {}, "stats": {}}]}}})
+    export = parse_server_metrics_summary(text)
+    start, end = export.scrapes
+    assert (start.timestamp_ns, end.timestamp_ns) == (999, 5000) and end.endpoint_url == "http://e/metrics"
+    grown = {e.name: e for e in end.entries}
+    assert grown["vllm:prompt_tokens"].value == 42.0
+    assert {e.name: e for e in start.entries}["vllm:prompt_tokens"].value == 0
+    assert grown["vllm:ttft"].buckets == ((0.5, 1.0), (float("inf"), 3.0)) and grown["vllm:ttft"].count == 3
+    assert "vllm:running" not in grown  # a gauge has no growth
+    assert export.bad_entries == 1  # the counter without a total
+    assert parse_server_metrics_summary("not json").bad_lines == 1
+    no_phase = json.dumps({"metrics": {}, "summary": {}})
+    assert parse_server_metrics_summary(no_phase).scrapes == []

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from kvscope.agent.analyze.build import build_report, increase
+from kvscope.agent.analyze.build import build_report
 from kvscope.agent.analyze.inputs import parse_recording, parse_scrapes, scan_of
+from kvscope.agent.analyze.render import to_markdown
+from kvscope.agent.analyze.server import increase
 from kvscope.agent.cli import main
 
 FIX = Path(__file__).parent / "fixtures"
@@ -117,20 +119,22 @@ def test_aggregate_split_from_the_engine_histograms(live: Any) -> None:
     prefill = _growth(CACHED, "vllm:request_prefill_time_seconds")
     fetch = (_growth(CACHED, "vllm:kv_offload_load_time")
              + _growth(CACHED, "vllm:kv_offload_tiering_read_time", tier="2:fs"))
+    offload = _growth(CACHED, "vllm:kv_offload_store_time")
     split = live.server_split
     assert split.requests == 24
     assert split.ttft == pytest.approx(ttft)
-    # the reference engine loads synchronously: the fetch sits inside prefill time
+    # the reference engine loads and stores synchronously: fetch and offload sit inside prefill time
     assert split.components["fetch"] == pytest.approx(fetch)
+    assert split.components["offload"] == pytest.approx(offload) and offload > 0
     assert split.components["queue"] == pytest.approx(queue)
-    assert split.components["prefill"] == pytest.approx(prefill - fetch)
+    assert split.components["prefill"] == pytest.approx(prefill - fetch - offload)
     assert split.components["other"] == pytest.approx(max(0.0, ttft - queue - prefill), abs=1e-9)
 
 
 def test_per_request_split_from_the_recording(live: Any) -> None:
     raw = _lines(RECORDING)
     assert len(live.per_request) == len(raw) == 24
-    for k in ("queue", "fetch", "prefill", "other"):
+    for k in ("queue", "fetch", "offload", "prefill", "other"):
         assert live.split.components[k] == pytest.approx(sum(r["components"][k]["seconds"] for r in raw))
     assert live.split.ttft == pytest.approx(sum(r["ttft"] for r in raw))
     # the recording (spans) and the histograms describe the same requests
@@ -154,7 +158,8 @@ def test_cli_writes_markdown_json_and_charts(tmp_path: Path, capsys: pytest.Capt
                  "--out", str(out)]) == 0
     data = json.loads((out / "report.json").read_text())
     assert data["requests"] == 24 and data["hits"]["G4"] == live_hits()
-    assert data["rps"] == pytest.approx(_rps(CACHED), rel=1e-7)
+    assert data["rps"] == float(f"{_rps(CACHED):.6g}")  # rounded to 6 significant digits
+    assert all(v == float(f"{v:.6g}") for v in _floats(data))  # no 6.319828992000001 anywhere
     markdown = (out / "report.md").read_text()
     assert "## TTFT by prompt length" in markdown and "## Against the baseline" in markdown
     assert f"| RPS | {_rps(CACHED):.3f} |" in markdown
@@ -163,6 +168,14 @@ def test_cli_writes_markdown_json_and_charts(tmp_path: Path, capsys: pytest.Capt
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{name}]({name})" in markdown
     assert "written:" in capsys.readouterr().out
+
+
+def _floats(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in _floats(v)]
+    if isinstance(value, list):
+        return [f for v in value for f in _floats(v)]
+    return [value] if isinstance(value, float) else []
 
 
 def live_hits() -> float:
@@ -220,3 +233,81 @@ def test_parse_scrapes_and_recording_count_bad_lines() -> None:
 def test_increase_counts_a_restart_from_zero() -> None:
     assert increase([5.0, 7.0, 7.0, 2.0, 4.0]) == 2.0 + 2.0 + 2.0
     assert increase([3.0]) == 0.0
+
+
+# -- issue 12: the run's own records, both server-metrics formats, caveats, charts with legends ----------------
+
+
+def test_the_json_summary_gives_the_server_figures_when_there_is_no_jsonl(tmp_path: Path) -> None:
+    """AIPerf's default server_metrics_export.json alone: hits, links and the split from its growth stats."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("profile_export.jsonl", "profile_export_aiperf.json", "server_metrics_export.json"):
+        (run / name).write_bytes((CACHED / name).read_bytes())
+    report = build_report(run)
+    summary = json.loads((CACHED / "server_metrics_export.json").read_text())["metrics"]
+
+    def total(family: str, **labels: str) -> float:
+        return float(sum(s["stats"]["total"] if "total" in s["stats"] else s["stats"]["sum"]
+                         for s in summary[family]["series"] if all(s["labels"].get(k) == v for k, v in labels.items())))
+
+    assert report.server_source == "server_metrics_export.json"
+    assert report.hits["G4"] == total("vllm:prompt_tokens_cached_by_source", source="external_unspecified") > 0
+    assert report.links["G1->G2"]["seconds"] == pytest.approx(total("vllm:kv_offload_store_time"))
+    assert report.server_split is not None
+    assert report.server_split.ttft == pytest.approx(total("vllm:time_to_first_token_seconds"))
+    assert report.server_split.components["offload"] == pytest.approx(total("vllm:kv_offload_store_time"))
+    assert report.timeline == []  # no time series: no link chart
+    assert any("server_metrics_export.json" in n for n in report.notes)
+    # the JSONL of the same run says the same over the same requests, within what AIPerf's phase bounds cut
+    jsonl = build_report(CACHED)
+    assert report.hits == jsonl.hits
+
+
+def test_a_recording_with_other_runs_in_it_is_cut_to_this_runs_window(tmp_path: Path) -> None:
+    mixed = tmp_path / "requests.jsonl"
+    mixed.write_text(RECORDING.read_text() + (RECOMPUTE / "kvscope_requests.jsonl").read_text())
+    report = build_report(CACHED, recording=mixed)
+    assert (report.recording_kept, report.recording_total) == (24, 48)
+    assert report.split is not None and report.split.requests == 24
+    assert any("kept 24 of 48" in n for n in report.notes)
+    cached_ids = {r["request_id"] for r in _lines(RECORDING)}
+    assert {p["request_id"] for p in report.per_request} == cached_ids
+
+
+def test_counterfactuals_are_reported_with_the_cost_models_confidence(live: Any) -> None:
+    raw = _lines(RECORDING)
+    cf = live.counterfactuals
+    saved = [r["prefill_saved"] for r in raw if r["prefill_saved"] is not None]
+    assert cf is not None and cf.prefill_saved == pytest.approx(sum(saved)) and saved
+    # AIPerf sent one prompt length (ISL 12000): the agent's cost model could not tell a from b
+    assert {r["confidence"] for r in raw if r["prefill_saved"] is not None} == {"low"} and cf.confidence == "low"
+    markdown = to_markdown(live)
+    assert "## What the cache changed" in markdown and "LOW CONFIDENCE" in markdown
+
+
+def test_a_baseline_of_another_workload_is_warned_about() -> None:
+    report = build_report(CACHED, baseline=FIX / "aiperf")
+    assert report.baseline is not None
+    warnings = report.baseline.warnings
+    assert any("2 requests against this run's 24" in w for w in warnings)
+    assert any("mean prompt" in w for w in warnings)
+    assert any(n.startswith("baseline: ") for n in report.notes)
+    assert "not the same workload" in to_markdown(report)
+    assert build_report(CACHED, baseline=RECOMPUTE).baseline.warnings == []  # the same dataset, recomputed
+
+
+def test_every_chart_has_a_legend_and_none_is_drawn_empty() -> None:
+    pytest.importorskip("matplotlib")
+    from kvscope.agent.analyze.charts import figures
+
+    for report in (build_report(CACHED, recording=RECORDING, baseline=RECOMPUTE), build_report(CACHED),
+                   build_report(FIX / "aiperf")):
+        drawn = figures(report)
+        for name, fig in drawn.items():
+            for ax in fig.axes:
+                if ax.get_label() == "<colorbar>":
+                    continue
+                assert ax.get_legend() is not None, f"{name}: a panel without a legend"
+                assert ax.has_data(), f"{name}: an empty panel"
+    assert "link_bytes.png" not in figures(build_report(FIX / "aiperf"))  # two scrapes: no time series to draw

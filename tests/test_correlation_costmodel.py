@@ -88,6 +88,46 @@ def test_model_without_fit_uses_the_prior() -> None:
     assert not PrefillCostModel().known
 
 
+def test_narrow_prompts_are_not_trusted_and_fall_back_to_the_scaled_prior() -> None:
+    """Prompts of 1,650-1,800 tokens with 2 % noise: the free fit may land anywhere along the line a·n + b·n² at
+    that length; the model refuses it (spread 1.09 < 2) and scales the seeds' shape to the data instead."""
+    rng = random.Random(3)
+    a, b = 3 * 4.136e-5, 3 * 1.584e-9  # an engine 3x slower than the seeds' GPU, the same shape
+    model = PrefillCostModel(min_samples=8)
+    for _ in range(32):
+        n = rng.randint(1650, 1800)
+        model.add(n, 0, (a * n + b * n * n) * (1 + rng.gauss(0, 0.02)))
+    model.refit()
+    assert model.fit is not None and model.spread == pytest.approx(1800 / 1650, rel=0.01)
+    assert not model.confident and model.basis == "prior_scaled"
+    assert model.prior_scale == pytest.approx(3.0, rel=0.02)
+    assert (model.a, model.b) == pytest.approx((a, b), rel=0.02)
+
+
+def test_a_wide_but_noisy_window_is_judged_by_its_standard_errors() -> None:
+    """Enough spread, but so much noise that the quadratic term is anyone's guess: not trusted either."""
+    rng = random.Random(5)
+    model = PrefillCostModel(min_samples=8)
+    for _ in range(12):
+        n = rng.choice((1000, 4000))
+        model.add(n, 0, (4e-5 * n + 1.6e-9 * n * n) * (1 + rng.gauss(0, 0.4)))
+    model.refit()
+    assert model.spread == 4.0 and model.uncertainty > model.max_relative_error and not model.confident
+    precise = PrefillCostModel(min_samples=8)
+    for n in (1000, 2000, 4000, 8000, 16_000) * 2:
+        precise.add(n, 0, 4e-5 * n + 1.6e-9 * n * n)
+    precise.refit()
+    assert precise.confident and precise.basis == "fit" and precise.uncertainty < 1e-6
+
+
+def test_few_samples_scale_the_prior_until_there_are_enough_to_fit() -> None:
+    model = PrefillCostModel(min_samples=8, prior_a=2e-5, prior_b=1e-9)
+    assert model.basis == "prior" and not model.confident
+    model.add(4000, 0, 2 * (2e-5 * 4000 + 1e-9 * 4000 * 4000))
+    model.refit()
+    assert model.fit is None and model.basis == "prior_scaled" and model.a == pytest.approx(4e-5)
+
+
 def test_compute_counts_attention_over_the_reused_context() -> None:
     assert compute_features(10, 100) == (10, 10 * 210)
 

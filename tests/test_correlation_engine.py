@@ -122,9 +122,10 @@ def test_records_fit_the_model_and_feed_counterfactuals(tmp_path: Path) -> None:
     assert value(out, m.COST_A, E) == pytest.approx(a, rel=1e-6)
     assert value(out, m.COST_B, E) == pytest.approx(b, rel=1e-6)
     assert value(out, m.FIT_SAMPLES, E) == 6  # the warm request too: its fetch was measured
+    assert value(out, m.COST_CONFIDENT, E) == 1.0  # prompts of 2k-40k tokens: a and b pinned down
     recompute = a * 10_000 + b * 1e8
-    assert value(out, m.PREFILL_SAVED, E) == pytest.approx(recompute - warm_prefill)
-    assert value(out, m.PREFILL_LOST, E) == 0.0
+    assert value(out, m.PREFILL_SAVED, (*E, "high")) == pytest.approx(recompute - warm_prefill)
+    assert value(out, m.PREFILL_LOST, (*E, "high")) == 0.0
     assert value(out, m.BREAKEVEN_TOKENS, E) == 9000
     assert value(out, m.REQUESTS_ATTRIBUTED, (*E, "reference")) == 6
     share = by_key(out)[(m.FETCH_SHARE, E)]
@@ -133,6 +134,85 @@ def test_records_fit_the_model_and_feed_counterfactuals(tmp_path: Path) -> None:
     assert [line["request_id"] for line in lines] == [f"r{i}" for i in (0, 1, 2, 3, 4, 9)]
     assert lines[-1]["components"]["fetch"] == {"seconds": 0.2, "method": "measured"}
     assert lines[-1]["prefill_saved"] == pytest.approx(recompute - warm_prefill)
+    assert lines[-1]["confidence"] == "high"
+
+
+def test_narrow_prompts_fall_back_to_the_prior_shape_and_say_so(tmp_path: Path) -> None:
+    """Prompts of 1,650-1,800 tokens with a little noise: the free fit trades a for b; the model keeps the
+    seeds' shape scaled to the data (here the engine's cost at 2x the seeds'), and marks its counterfactuals
+    low-confidence in the metrics and the JSONL."""
+    a, b = 2 * 4.136e-5, 2 * 1.584e-9
+    buffer, clock = RecordBuffer(), Clock()
+    out_path = tmp_path / "requests.jsonl"
+    engine = CorrelationEngine(CorrelationOptions(fit_min_samples=8), None, buffer, None, clock,
+                               [JsonlSink(str(out_path))])
+    lengths = [1650 + 10 * i for i in range(16)]
+    noise = [0.002 * ((i * 7) % 5 - 2) for i in range(16)]  # ±4 ms, deterministic
+    cold = [record(i, prompt_tokens=n, cached_tokens=0, queue=0.0, prefill=a * n + b * n * n + e,
+                   ttft=0.01 + a * n + b * n * n + e) for i, (n, e) in enumerate(zip(lengths, noise, strict=True))]
+    warm = record(99, prompt_tokens=1800, cached_tokens=1536, queue=0.0, prefill=0.02, ttft=0.03)
+    buffer.put([*cold, warm])
+    out = engine.run()
+    assert value(out, m.COST_CONFIDENT, E) == 0.0
+    assert value(out, m.COST_SPREAD, E) == pytest.approx(1800 / 1650)
+    # the scaled prior recovers the engine's cost; the free fit would not have
+    assert value(out, m.COST_A, E) == pytest.approx(a, rel=0.02)
+    assert value(out, m.COST_B, E) == pytest.approx(b, rel=0.02)
+    saved = value(out, m.PREFILL_SAVED, (*E, "low"))
+    assert saved == pytest.approx(a * 1800 + b * 1800 * 1800 - 0.02, rel=0.03)
+    assert (m.PREFILL_SAVED, (*E, "high")) not in by_key(out)
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert {line["confidence"] for line in lines} == {"low"}
+
+
+def test_reference_engine_stores_inside_prefill_are_offload_vllm_stores_are_not() -> None:
+    """The same window twice: for the reference engine (offload_inside prefill) the G1 -> G2 store seconds are
+    carved out of its prefill phase as measured offload; for vLLM (stores deferred, asynchronous) they are not
+    part of the TTFT split at all."""
+    readings = [*engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10),
+                Sample(contract.KV_TRANSFER_SECONDS, (*E, "G1", "G2"), 0.75)]
+    for engine_kind, offload in (("reference", 0.75), ("vllm", None)):
+        store, clock = make_store(), Clock()
+        options = CorrelationOptions(fetch_inside_by_engine={engine_kind: "prefill"})
+        engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
+        labels = (engine_kind, *E[1:])
+        relabelled = [HistogramSample(r.name, labels, r.buckets, r.sum, r.count) if isinstance(r, HistogramSample)
+                      else Sample(r.name, (*labels, *r.labels[3:]), r.value) for r in readings]
+        store.ingest("vllm", relabelled, clock.t)
+        out = by_key(engine.run())
+        attributed = {lab[3]: r.value for (name, lab), r in out.items()
+                      if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
+        if offload is None:
+            assert "offload" not in attributed and attributed["prefill"] == pytest.approx(5.0 - 1.0)
+        else:
+            assert attributed["offload"] == pytest.approx(offload)
+            assert attributed["prefill"] == pytest.approx(5.0 - 1.0 - offload)
+        assert sum(attributed.values()) == pytest.approx(10.0)
+
+
+def test_untimed_stores_are_estimated_at_the_reverse_links_bandwidth() -> None:
+    """An engine that counts store bytes but no store time: offload = bytes / the G2 -> G1 bandwidth, labelled
+    estimated."""
+    store, clock = make_store(), Clock()
+    options = CorrelationOptions(offload_inside="prefill", fetch_inside="prefill")
+    engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
+    # G2 -> G1: 2e9 B in 1 s = 2 GB/s; G1 -> G2: 5e9 B, no seconds series -> 2.5 s estimated
+    store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10), clock.t)
+    out = by_key(engine.run())
+    assert value(list(out.values()), m.TTFT_ATTRIBUTED, (*E, "offload", "estimated")) == pytest.approx(2.5)
+    assert value(list(out.values()), m.TTFT_ATTRIBUTED, (*E, "prefill", "derived")) == pytest.approx(5.0 - 1 - 2.5)
+
+
+def test_a_records_measured_offload_comes_out_of_its_prefill() -> None:
+    buffer, clock = RecordBuffer(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(fetch_inside="prefill"), None, buffer, None, clock)
+    buffer.put([record(1, prompt_tokens=4096, cached_tokens=3840, queue=0.01, prefill=0.5, ttft=0.53,
+                       fetch_seconds=0.1, offload_seconds=0.3)])
+    out = engine.run()
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "offload", "measured")) == pytest.approx(0.3)
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "fetch", "measured")) == pytest.approx(0.1)
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "prefill", "derived")) == pytest.approx(0.1)
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "other", "derived")) == pytest.approx(0.02)
 
 
 class FakeGpus:
@@ -233,3 +313,26 @@ def test_growth_state_forgets_series_it_no_longer_reads() -> None:
         assert deltas.step("kept", 2.0 + window) == 1.0  # still read: its growth stays exact
     assert len(deltas) == 1  # "gone" was not read for 3 windows and was dropped
     assert deltas.step("gone", 7.0) == 7.0  # back after being forgotten: first sight again
+
+
+def test_fetch_and_offload_before_the_first_ttft_are_carried_not_lost() -> None:
+    """A reference engine's first request fetches and evicts before it finishes: the window that sees the
+    transfer seconds has no TTFT series yet. The seconds wait for the first window that has one."""
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+    labels = ("reference", *E[1:])
+    transfers = [Sample(contract.KV_TRANSFER_SECONDS, (*labels, "G2", "G1"), 0.2),
+                 Sample(contract.KV_TRANSFER_BYTES, (*labels, "G2", "G1"), 4e8),
+                 Sample(contract.KV_TRANSFER_SECONDS, (*labels, "G1", "G2"), 0.3),
+                 Sample(contract.KV_TRANSFER_BYTES, (*labels, "G1", "G2"), 6e8)]
+    store.ingest("vllm", transfers, clock.t)
+    first = engine.run()
+    assert not [r for r in first if r.name == m.TTFT_ATTRIBUTED]
+    clock.t += 1
+    store.ingest("vllm", [*transfers, *(HistogramSample(n, labels, ((1.0, 1.0), (float("inf"), 1.0)), v, 1.0)
+                                        for n, v in ((contract.TTFT_SECONDS, 1.0), (contract.QUEUE_SECONDS, 0.1),
+                                                     (contract.PREFILL_SECONDS, 0.9)))], clock.t)
+    out = by_key(engine.run())
+    parts = {lab[3]: r.value for (name, lab), r in out.items() if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
+    assert parts["fetch"] == pytest.approx(0.2) and parts["offload"] == pytest.approx(0.3)
+    assert parts["prefill"] == pytest.approx(0.9 - 0.2 - 0.3)

@@ -95,7 +95,8 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
         span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=5_000_000_000)
         span.set_attributes({"gen_ai.latency.time_to_first_token": 0.8, "gen_ai.latency.time_in_queue": 0.1,
                              "gen_ai.latency.time_in_model_prefill": 0.6, "gen_ai.usage.prompt_tokens": 4096,
-                             "gen_ai.request.id": "cmpl-xyz", "kvscope.kv.cached_tokens": 2048})
+                             "gen_ai.request.id": "cmpl-xyz", "kvscope.kv.cached_tokens": 2048,
+                             "kvscope.kv.fetch_seconds": 0.2, "kvscope.kv.offload_seconds": 0.05})
         span.end(end_time=6_000_000_000)
         tracer.start_span("Warmup (GPU)").end()
         provider.shutdown()
@@ -103,6 +104,7 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
         (record,) = buffer.drain()
         assert (record.request_id, record.ttft, record.queue, record.prefill) == ("cmpl-xyz", 0.8, 0.1, 0.6)
         assert record.prompt_tokens == 4096 and record.cached_tokens == 2048 and record.model == "served"
+        assert (record.fetch_seconds, record.offload_seconds) == (0.2, 0.05)
         c = counts(rx)
         assert c[(EXPORTS, ("ok",))] == 2 and c[(SPANS, ("accepted",))] == 1 and c[(SPANS, ("ignored",))] == 1
     finally:

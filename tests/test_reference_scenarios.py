@@ -11,6 +11,7 @@ from kvscope.agent.cli import main
 from kvscope.agent.reference.engine import Engine, EngineConfig
 from kvscope.agent.reference.geometry import KVGeometry
 from kvscope.agent.reference.scenarios import shared_prompts, ttft_sweep
+from kvscope.agent.reference.truth import RequestTruth
 
 TINY = KVGeometry("tiny", 4, 2, 64)  # 2 KiB per token
 
@@ -42,16 +43,21 @@ def test_shared_prompts_cache_against_recompute(tmp_path: Path) -> None:
     assert sum(t.tokens_by_tier.get("G4", 0) > 0 for t in cache.truths) <= 8
 
 
-def test_write_behind_lands_then_hits(tmp_path: Path) -> None:
-    engine = Engine(config(tmp_path, g1_blocks=64, g4_blocks=100, write_behind_blocks=32))
+def cold_then_warm(tmp_path: Path, write_behind_blocks: int) -> tuple[RequestTruth, RequestTruth]:
+    """One 300-token prompt twice on the seeds' G4 configuration, the stores landed in between."""
+    engine = Engine(config(tmp_path, g1_blocks=64, g4_blocks=100, write_behind_blocks=write_behind_blocks))
     engine.start()
     try:
         tokens = list(range(300))
         cold = engine.generate(tokens)
         engine.store.flush()
-        warm = engine.generate(tokens)
+        return cold, engine.generate(tokens)
     finally:
         engine.stop()
+
+
+def test_write_behind_lands_then_hits(tmp_path: Path) -> None:
+    cold, warm = cold_then_warm(tmp_path, 32)
     assert warm.tokens_by_tier == {"G4": 288}
     # the copy into the write buffer is the request's; the background file write is nobody's
     assert cold.bytes_by_link["G1->G2"] == 18 * 16 * 2048 and "G2->G4" not in cold.bytes_by_link
@@ -67,3 +73,31 @@ def test_reference_scenario_cli(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert table.splitlines()[0].split()[0] == "tokens" and len(table.splitlines()) == 3
     rows = json.loads(out.read_text())
     assert [r["warm"]["tokens_by_tier"]["G4"] for r in rows] == [48, 112]
+
+
+def test_write_behind_backpressure_waits_and_every_block_lands(tmp_path: Path) -> None:
+    """One write buffer for 18 blocks: the store waits for the writer (which lands writes meanwhile), never
+    deadlocks, writes nothing inline, and the wait is timed as the cold request's offload."""
+    cold, warm = cold_then_warm(tmp_path, 1)
+    assert warm.tokens_by_tier == {"G4": 288}
+    assert cold.bytes_by_link["G1->G2"] == 18 * 16 * 2048 and "G2->G4" not in cold.bytes_by_link
+    assert cold.offload_s >= cold.seconds_by_link["G1->G2"] > 0
+
+
+def test_g1_evictions_are_offload_timed_by_the_store_timer(tmp_path: Path) -> None:
+    """A G1 that keeps blocks and is full evicts to G2 inside the next request's step: the truth calls it
+    offload (not fetch, not compute), and the G1 -> G2 store seconds the engine publishes cover it."""
+    cfg = config(tmp_path, g1_blocks=20, g1_retain=True, g2_blocks=64, g4_blocks=0)
+    engine = Engine(cfg)
+    engine.start()
+    try:
+        first = engine.generate(list(range(300)))  # 18 blocks in G1
+        second = engine.generate(list(range(1000, 1300)))  # needs 18 more: 16 of the first go down to G2
+    finally:
+        engine.stop()
+    assert first.offload_s == 0.0 and "G1->G2" not in first.bytes_by_link
+    assert second.bytes_by_link["G1->G2"] == 16 * 16 * 2048
+    store_seconds = second.seconds_by_link["G1->G2"]
+    assert 0 < store_seconds <= second.offload_s
+    assert second.ttft_s == pytest.approx(second.queue_s + second.fetch_total_s + second.offload_s
+                                          + second.prefill_compute_s + second.other_s, abs=1e-9)

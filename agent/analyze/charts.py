@@ -1,14 +1,18 @@
-"""PNG charts of a Report (matplotlib, Agg backend: no display needed). matplotlib is in the `reference` extra."""
+"""PNG charts of a Report (matplotlib, Agg backend: no display needed). matplotlib is in the `reference` extra.
+
+Every chart has a legend, and a chart is drawn only with data for every panel it has: the split without a
+recording is one panel (the aggregate shares), the link chart needs the JSONL time series.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from kvscope.agent.analyze.build import Report
 from kvscope.agent.analyze.inputs import COMPONENTS
+from kvscope.agent.analyze.report import Report
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "prefill": "#2e86ab", "other": "#f3a712"}
+COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "offload": "#8e6cbe", "prefill": "#2e86ab", "other": "#f3a712"}
 
 
 def _pyplot() -> Any:
@@ -20,7 +24,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def ttft_by_length(report: Report, path: Path, baseline: Report | None = None) -> None:
+def ttft_by_length(report: Report, baseline: Report | None = None) -> Any:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     cold = [(n, t * 1e3) for n, t, share in report.scatter if share == 0]
@@ -43,17 +47,35 @@ def ttft_by_length(report: Report, path: Path, baseline: Report | None = None) -
     ax.set_title("TTFT by prompt length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def ttft_split(report: Report, path: Path) -> None:
-    """Per-request stacked bars (recording), and the aggregate shares beside them."""
+def _shares(ax: Any, report: Report) -> None:
+    """Stacked shares of TTFT, one bar per split there is (server histograms, recording), with a legend."""
+    splits = [s for s in (report.server_split, report.split) if s is not None]
+    for i, split in enumerate(splits):
+        bottom = 0.0
+        for k in COMPONENTS:
+            share = 100 * split.components.get(k, 0.0) / split.ttft if split.ttft else 0.0
+            ax.bar(i, share, bottom=bottom, color=COLOURS[k], width=0.6, label=k if i == 0 else None)
+            if share >= 4:
+                ax.text(i, bottom + share / 2, f"{share:.0f}%", ha="center", va="center", fontsize=7)
+            bottom += share
+    ax.set_xticks(range(len(splits)), ["server\nhistograms" if s.source == "server metrics" else "kvscope\nrecording"
+                                       for s in splits], fontsize=7)
+    ax.set_xlim(-0.6, len(splits) - 0.4 + (1.2 if len(splits) == 1 else 0.8))
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of TTFT")
+    ax.set_title("TTFT split, all requests", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def ttft_split(report: Report) -> Any:
+    """Per-request stacked bars (with a recording) beside the aggregate shares; the shares alone without one."""
     plt = _pyplot()
-    fig, (ax, agg) = plt.subplots(1, 2, figsize=(9, 4.2), dpi=110, gridspec_kw={"width_ratios": [4, 1]})
     rows = report.per_request
     if rows:
+        fig, (ax, agg) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, gridspec_kw={"width_ratios": [3, 1.3]})
         x = list(range(len(rows)))
         bottom = [0.0] * len(rows)
         for k in COMPONENTS:
@@ -61,30 +83,17 @@ def ttft_split(report: Report, path: Path) -> None:
             ax.bar(x, heights, bottom=bottom, color=COLOURS[k], label=k, width=0.85)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.set_xlabel("request (by arrival)")
+        ax.set_ylabel("ms")
         ax.set_title("TTFT split per request (kvscope recording)")
+        ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, "no recording given (--recording)", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("ms")
-    ax.grid(axis="y", alpha=0.3)
-    splits = [s for s in (report.server_split, report.split) if s is not None]
-    for i, split in enumerate(splits):
-        bottom_share = 0.0
-        for k in COMPONENTS:
-            share = split.components.get(k, 0.0) / split.ttft if split.ttft else 0.0
-            agg.bar(i, share * 100, bottom=bottom_share, color=COLOURS[k], width=0.7)
-            bottom_share += share * 100
-    agg.set_xticks(range(len(splits)), ["server\nmetrics" if s.source == "server metrics" else "recording"
-                                        for s in splits], fontsize=7)
-    agg.set_ylim(0, 100)
-    agg.set_ylabel("% of TTFT")
-    agg.set_title("aggregate", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        fig, agg = plt.subplots(figsize=(4.5, 4.2), dpi=110)
+    _shares(agg, report)
+    return fig
 
 
-def link_bytes(report: Report, path: Path) -> None:
+def link_bytes(report: Report) -> Any:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8), dpi=110)
     links = sorted({k for _, v in report.timeline for k, b in v.items() if b > 0})
@@ -95,11 +104,8 @@ def link_bytes(report: Report, path: Path) -> None:
     ax.set_ylabel("GB moved (cumulative)")
     ax.set_title("KV bytes per link (engine /metrics, AIPerf's scrapes)")
     ax.grid(alpha=0.3)
-    if links:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    ax.legend(fontsize=7)
+    return fig
 
 
 def write_charts(report: Report, out: Path, baseline: Report | None = None) -> list[str]:
@@ -108,10 +114,21 @@ def write_charts(report: Report, out: Path, baseline: Report | None = None) -> l
         _pyplot()
     except ImportError:
         return []
-    names = ["ttft_by_prompt_length.png", "ttft_split.png"]
-    ttft_by_length(report, out / names[0], baseline)
-    ttft_split(report, out / names[1])
-    if report.timeline:
-        names.append("link_bytes.png")
-        link_bytes(report, out / names[2])
-    return names
+    plt = _pyplot()
+    written = []
+    for name, fig in figures(report, baseline).items():
+        fig.tight_layout()
+        fig.savefig(out / name)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def figures(report: Report, baseline: Report | None = None) -> dict[str, Any]:
+    """The charts there is data for, by file name (matplotlib figures, not yet saved)."""
+    out = {"ttft_by_prompt_length.png": ttft_by_length(report, baseline)}
+    if report.server_split is not None or report.split is not None:
+        out["ttft_split.png"] = ttft_split(report)
+    if any(b > 0 for _, links in report.timeline for b in links.values()):
+        out["link_bytes.png"] = link_bytes(report)
+    return out

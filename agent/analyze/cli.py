@@ -34,7 +34,8 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("analyze", help="offline report from an AIPerf output directory (Markdown, JSON, PNG)")
-    p.add_argument("dir", help="AIPerf --output-artifact-dir (profile_export.jsonl, server_metrics_export.jsonl)")
+    p.add_argument("dir", help="AIPerf --output-artifact-dir (profile_export.jsonl; server_metrics_export.jsonl "
+                   "or .json)")
     p.add_argument("--recording", type=Path, help="kvscope per-request JSONL (the [exporters.jsonl] file)")
     p.add_argument("--baseline", type=Path, help="AIPerf directory of a recompute run, for the speed-up")
     p.add_argument("--out", type=Path, help="output directory (default DIR/kvscope-analysis)")

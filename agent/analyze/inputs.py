@@ -3,7 +3,8 @@
 - `profile_export.jsonl`: parsed by collectors/aiperf.py (one record per request).
 - `profile_export_aiperf.json`: AIPerf's own aggregates (`request_throughput.avg`, `time_to_first_token`...),
   optional, shown beside our figures.
-- `server_metrics_export.jsonl`: one scrape of the engine's /metrics per line. In AIPerf 0.13.0's real output
+- `server_metrics_export.jsonl`: one scrape of the engine's /metrics per line; `server_metrics_export.json`
+  (AIPerf's default) the growth over the profiling phase, read as two scrapes (its ends). In AIPerf 0.13.0's real output
   (tests/fixtures/aiperf_live) metric keys are *family* names — a counter is `vllm:prompt_tokens`, not
   `vllm:prompt_tokens_total` — with no type, and a histogram entry is `{"labels", "buckets": {le: cumulative},
   "sum", "count"}` (`"+Inf"` included). `scan_of` turns one scrape back into the exposed sample names the
@@ -22,10 +23,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.collectors.aiperf import ScrapeEntry, parse_entry, parse_server_metrics
+from kvscope.agent.records import COMPONENTS
+from kvscope.collectors.aiperf import (
+    ScrapeEntry,
+    ServerMetricsExport,
+    parse_entry,
+    parse_server_metrics,
+    parse_server_metrics_summary,
+)
 from kvscope.collectors.exposition_scan import ScanResult
 
-COMPONENTS = ("queue", "fetch", "prefill", "other")
+__all__ = ["COMPONENTS", "RecordedRequest", "Recording", "Scrape", "Scrapes", "parse_recording", "parse_scrapes",
+           "parse_summary", "scan_of"]
+
+
 
 
 @dataclass(slots=True)
@@ -81,8 +92,16 @@ def scan_of(metrics: dict[str, Any]) -> tuple[ScanResult, int]:
 
 
 def parse_scrapes(text: str) -> Scrapes:
-    """The whole file, read by collectors/aiperf.py's parser, each scrape turned into exposed samples."""
-    export = parse_server_metrics(text)
+    """The whole JSONL file, read by collectors/aiperf.py's parser, each scrape turned into exposed samples."""
+    return _scans(parse_server_metrics(text))
+
+
+def parse_summary(text: str) -> Scrapes:
+    """AIPerf's `server_metrics_export.json` (growth over the profiling phase) as two scrapes, its ends."""
+    return _scans(parse_server_metrics_summary(text))
+
+
+def _scans(export: ServerMetricsExport) -> Scrapes:
     out = Scrapes(bad_lines=export.bad_lines, bad_entries=export.bad_entries)
     for scrape in export.scrapes:
         scan = ScanResult()
@@ -107,6 +126,8 @@ class RecordedRequest:
     components: dict[str, float]
     methods: dict[str, str]
     ttft_without_cache: float | None
+    prefill_saved: float | None = None
+    confidence: str = ""  # the cost model's, for the two counterfactuals ("" in recordings from before it)
 
 
 @dataclass(slots=True)
@@ -119,6 +140,10 @@ def _optional_int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _optional_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def parse_recording(text: str) -> Recording:
     out = Recording()
     for line in text.splitlines():
@@ -129,11 +154,12 @@ def parse_recording(text: str) -> Recording:
             parts = data["components"]
             components = {k: float(v["seconds"]) for k, v in parts.items() if v.get("seconds") is not None}
             methods = {k: str(v.get("method", "")) for k, v in parts.items()}
-            without = data.get("ttft_without_cache")
+            without, saved = data.get("ttft_without_cache"), data.get("prefill_saved")
             out.requests.append(RecordedRequest(
                 str(data["request_id"]), float(data["arrival"]), float(data["ttft"]),
                 _optional_int(data.get("prompt_tokens")), _optional_int(data.get("cached_tokens")),
-                components, methods, float(without) if isinstance(without, int | float) else None))
+                components, methods, _optional_float(without), _optional_float(saved),
+                str(data.get("confidence") or "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             out.bad_lines += 1
     return out

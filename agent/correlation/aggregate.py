@@ -1,6 +1,9 @@
-"""Aggregate attribution: each window's growth of the engine series, split into queue/fetch/prefill/other.
+"""Aggregate attribution: each window's growth of the engine series, split into queue/fetch/offload/prefill/
+other.
 
-From the store: the TTFT, queue and prefill histogram sums and the onboard transfer seconds and bytes
+From the store: the TTFT, queue and prefill histogram sums, the onboard transfer seconds and bytes (fetch)
+and the transfer seconds of the links leaving G1 (offload, for engines that store inside the step; a link
+the engine counts in bytes only is timed at the measured bandwidth of the reverse link, the same wire)
 (attribution.py has the arithmetic). It also feeds the tier fetch models from transfer totals and learns
 KV bytes per token (bytes onboarded to G1 / tokens hit below G1).
 """
@@ -13,9 +16,10 @@ from dataclasses import dataclass, field, replace
 
 from kvscope.agent import contract
 from kvscope.agent.correlation import metrics as m
-from kvscope.agent.correlation.attribution import FetchInside, WindowTotals, attribute_window
+from kvscope.agent.correlation.attribution import FetchInside, OffloadInside, WindowTotals, attribute_window
 from kvscope.agent.correlation.state import Deltas, Key, Models, Outputs, engine_key
 from kvscope.agent.readings import LabelValues
+from kvscope.agent.records import Method
 from kvscope.agent.store import Store
 from kvscope.agent.tiers import Tier, link
 
@@ -39,10 +43,12 @@ class WindowSummary:
 
 class WindowAttribution:
     def __init__(self, store: Store, models: Models, outputs: Outputs, deltas: Deltas,
-                 fetch_inside: Callable[[str], FetchInside]) -> None:
+                 fetch_inside: Callable[[str], FetchInside], offload_inside: Callable[[str], OffloadInside]) -> None:
         self._store, self._models, self._out, self._deltas = store, models, outputs, deltas
-        self._fetch_inside = fetch_inside
-        self._fetch_carry: dict[Key, tuple[float, int]] = {}  # fetch waiting for its phase, windows waited
+        self._fetch_inside, self._offload_inside = fetch_inside, offload_inside
+        # fetch (offload) waiting for its phase, windows waited
+        self._fetch_carry: dict[Key, tuple[float, int]] = {}
+        self._offload_carry: dict[Key, tuple[float, int]] = {}
 
     def _hist_sum(self, name: str, labels: LabelValues) -> tuple[float, float] | None:
         if labels not in self._store.values(name):
@@ -54,6 +60,9 @@ class WindowAttribution:
         store, models, window = self._store, self._models, WindowSummary()
         fetch: dict[Key, float] = defaultdict(float)
         has_fetch: set[Key] = set()
+        offload: dict[Key, float] = defaultdict(float)
+        offload_method: dict[Key, str] = {}
+        stores: list[tuple[Key, str, float]] = []  # untimed stores: (engine, destination tier, bytes)
         seconds = store.values(contract.KV_TRANSFER_SECONDS)
         for labels, total in store.values(contract.KV_TRANSFER_BYTES).items():
             key, src, dst = engine_key(labels), labels[3], labels[4]
@@ -65,6 +74,12 @@ class WindowAttribution:
                 onboard = link(src, dst).is_onboard
             except ValueError:
                 continue
+            if not onboard and src == Tier.G1.value:  # a store leaving G1: offload
+                offload_method.setdefault(key, "measured")
+                if labels in seconds:
+                    offload[key] += self._deltas.step(("store_seconds", labels), seconds[labels])
+                else:
+                    stores.append((key, dst, moved))
             if onboard and dst == Tier.G1.value:  # every fetched block crosses the last hop exactly once
                 models.token_bytes[key][0] += moved
             if onboard and labels in seconds:
@@ -74,31 +89,62 @@ class WindowAttribution:
                 models.tier(key, src).observe_window(moved, spent)
                 window.onboard_bytes[src] += moved
                 window.onboard_seconds[src] += spent
+        for key, dst, moved in stores:  # timed at the reverse link's bandwidth (the same wire), if measured
+            bandwidth = models.tier(key, dst).effective_bandwidth if moved > 0 else None
+            if moved > 0 and bandwidth is None:
+                offload_method.pop(key, None)  # a store the agent cannot time: no offload figure this window
+                continue
+            offload[key] += moved / bandwidth if bandwidth else 0.0
+            if key in offload_method:
+                offload_method[key] = "estimated"
         hits = store.values(contract.KV_HIT_TOKENS)
         for labels, total in hits.items():
             if labels[3] in BELOW_G1:
                 models.token_bytes[engine_key(labels)][1] += self._deltas.step(("hits", labels), total)
+        seen: set[Key] = set()
         for labels in store.values(contract.TTFT_SECONDS):
             key = engine_key(labels)
+            seen.add(key)
             ttft = self._hist_sum(contract.TTFT_SECONDS, labels)
             assert ttft is not None
             queue = self._hist_sum(contract.QUEUE_SECONDS, labels)
             prefill = self._hist_sum(contract.PREFILL_SECONDS, labels)
             carried, waited = self._fetch_carry.pop(key, (0.0, 0))
+            offload_carried, offload_waited = self._offload_carry.pop(key, (0.0, 0))
+            method: Method = "estimated" if offload_method.get(key) == "estimated" else "measured"
             totals = WindowTotals(ttft[0], None if queue is None else queue[0],
                                   None if prefill is None else prefill[0],
-                                  fetch[key] + carried if key in has_fetch else None)
+                                  fetch[key] + carried if key in has_fetch or carried else None,
+                                  offload[key] + offload_carried if key in offload_method or offload_carried else None,
+                                  method)
             reused = sum(self._deltas.step(("reuse", lab), v, from_zero=False) for lab, v in hits.items()
                          if lab[:3] == labels and lab[3] in BELOW_G1)
             if ttft[1] > 0:
                 models.reused_per_request[key] = reused / ttft[1]
-            if ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried:
+            if (ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried and not offload[key]
+                    and not offload_carried):
                 continue
-            attribution = attribute_window(totals, self._fetch_inside(key[0]))
+            attribution = attribute_window(totals, self._fetch_inside(key[0]), self._offload_inside(key[0]))
             if attribution.fetch_overflow > 0 and waited < FETCH_CARRY_WINDOWS:
                 self._fetch_carry[key] = (attribution.fetch_overflow, waited + 1)
                 attribution = replace(attribution, fetch_overflow=0.0)
+            if attribution.offload_overflow > 0 and offload_waited < FETCH_CARRY_WINDOWS:
+                self._offload_carry[key] = (attribution.offload_overflow, offload_waited + 1)
+                attribution = replace(attribution, offload_overflow=0.0)
             self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
+        # fetch and offload of an engine whose first request has not finished yet (no TTFT series to put them
+        # against): carried until it has one
+        for key in (has_fetch | set(offload_method)) - seen:
+            self._carry(self._fetch_carry, key, fetch[key], "fetch_overflow")
+            self._carry(self._offload_carry, key, offload[key], "offload_overflow")
         return window
+
+    def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str) -> None:
+        held, waited = carry.pop(key, (0.0, 0))
+        if waited < FETCH_CARRY_WINDOWS:
+            if held + seconds > 0:
+                carry[key] = (held + seconds, waited + 1)
+        else:
+            self._out.counters[(m.ATTRIBUTION_ERROR, (*key, "aggregate", error))] += held + seconds

@@ -1,6 +1,6 @@
-"""TTFT attribution: TTFT = queue + fetch + prefill + other, per window and per request.
+"""TTFT attribution: TTFT = queue + fetch + offload + prefill + other, per window and per request.
 
-vLLM's definitions (shared/facts/vllm.md §1.2, §3), which fix where fetch time hides:
+vLLM's definitions (shared/facts/vllm.md §1.2, §3), which fix where fetch and offload time hide:
 
 - TTFT            = first output − arrival, measured in the frontend;
 - queue time      = first SCHEDULED − QUEUED, in the engine core;
@@ -12,16 +12,25 @@ recorded once the load has finished (vllm/v1/core/sched/scheduler.py: the `load_
 `continue`s before `record_event(SCHEDULED)`), so the load sits inside queue time. vLLM's
 OffloadingConnector answers `get_num_new_matched_tokens` with `(hits, True)`: asynchronous, so
 `fetch_inside="queue"` is the vLLM default. A connector that loads in the step (layer-wise LMCache)
-wants `"prefill"`. So, per window:
+wants `"prefill"`.
+
+Offload (storing KV down a tier, evicting to make room) is the same question for the other direction.
+vLLM's OffloadingConnector defers each store to the start of the next engine step and runs it on its own
+stream, so it sits in no request's phases (`offload_inside="none"`, the default: no offload component).
+An engine that stores synchronously inside the step (the reference engine evicts G1 → G2 while it
+schedules a request) has its store time inside the prefill phase (`"prefill"`). So, per window:
 
     fetch   = connector load time + tiering read time              (measured: transfer seconds)
+    offload = store time of the links leaving G1                   (measured; estimated from bytes / the
+              link's bandwidth where the engine counts bytes only) — only when offload sits in prefill
     queue   = queue_time − fetch          if fetch sits in queue   (derived), else queue_time (measured)
-    prefill = prefill_time − fetch        if fetch sits in prefill (derived), else prefill_time (measured)
+    prefill = prefill_time − fetch − offload   for what sits there (derived), else prefill_time (measured)
     other   = TTFT − queue_time − prefill_time                     (derived; the remainder)
 
 `other` is never negative: when measured parts exceed TTFT it is 0 and the excess is reported as
-`negative_remainder`; fetch that does not fit in the phase that should contain it is capped and the
-excess reported as `fetch_overflow`. So Σ components = TTFT + negative_remainder, exactly.
+`negative_remainder`; fetch (offload) that does not fit in what is left of the phase that should contain
+it is capped and the excess reported as `fetch_overflow` (`offload_overflow`). So Σ components = TTFT +
+negative_remainder, exactly.
 """
 
 from __future__ import annotations
@@ -31,10 +40,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvscope.agent.correlation.costmodel import PrefillCostModel
-from kvscope.agent.records import Attribution, Method, Part, RequestRecord
+from kvscope.agent.records import COMPONENTS, Attribution, Method, Part, RequestRecord
 
 FetchInside = Literal["queue", "prefill"]
-COMPONENTS = ("queue", "fetch", "prefill", "other")
+OffloadInside = Literal["prefill", "none"]
+__all__ = ["COMPONENTS", "FetchInside", "OffloadInside", "WindowTotals", "attribute_request", "attribute_window",
+           "compute_sample", "estimate_fetch", "measured_fetch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +56,8 @@ class WindowTotals:
     queue: float | None
     prefill: float | None
     fetch: float | None
+    offload: float | None = None  # store seconds of the links leaving G1
+    offload_method: Method = "measured"  # "estimated" when it came from bytes over a bandwidth
 
 
 def _finish(ttft: float, parts: dict[str, Part], **errors: float) -> Attribution:
@@ -54,31 +67,35 @@ def _finish(ttft: float, parts: dict[str, Part], **errors: float) -> Attribution
     return Attribution(ttft, parts, negative_remainder=max(0.0, -remainder), **errors)
 
 
-def _carve(
-    parts: dict[str, Part], container: str, fetch: float, method: Method
-) -> float:
-    """Take `fetch` out of the measured phase `container`; returns the overflow (fetch > phase)."""
+def _carve(parts: dict[str, Part], container: str, component: str, seconds: float, method: Method) -> float:
+    """Take `seconds` of `component` out of the measured phase `container`; returns the overflow."""
     phase = parts[container].seconds
-    taken = min(fetch, phase)
+    taken = min(seconds, phase)
     parts[container] = Part(phase - taken, "derived" if taken > 0 else parts[container].method)
-    parts["fetch"] = Part(taken, method)
-    return fetch - taken
+    parts[component] = Part(taken, method)
+    return seconds - taken
 
 
-def attribute_window(totals: WindowTotals, fetch_inside: FetchInside) -> Attribution:
+def attribute_window(totals: WindowTotals, fetch_inside: FetchInside,
+                     offload_inside: OffloadInside = "none") -> Attribution:
     """Aggregate attribution of one window's sums (module docstring has the derivation)."""
     parts: dict[str, Part] = {}
     if totals.queue is not None:
         parts["queue"] = Part(totals.queue, "measured")
     if totals.prefill is not None:
         parts["prefill"] = Part(totals.prefill, "measured")
-    overflow = 0.0
+    overflow = offload_overflow = 0.0
     if totals.fetch is not None:
         if fetch_inside in parts:
-            overflow = _carve(parts, fetch_inside, totals.fetch, "measured")
+            overflow = _carve(parts, fetch_inside, "fetch", totals.fetch, "measured")
         else:  # the phase that would contain it is not reported: fetch comes out of the remainder
             parts["fetch"] = Part(totals.fetch, "measured")
-    return _finish(totals.ttft, parts, fetch_overflow=overflow)
+    if totals.offload is not None and offload_inside == "prefill":
+        if "prefill" in parts:
+            offload_overflow = _carve(parts, "prefill", "offload", totals.offload, totals.offload_method)
+        else:
+            parts["offload"] = Part(totals.offload, totals.offload_method)
+    return _finish(totals.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
 
 
 def estimate_fetch(
@@ -127,37 +144,48 @@ def attribute_request(
     fetch_estimate: float | None,
     fetch_inside: FetchInside,
 ) -> Attribution:
-    """Per-request attribution; `fetch_estimate` is the tier model's Σ bytes/BW + L (or None)."""
+    """Per-request attribution; `fetch_estimate` is the tier model's Σ bytes/BW + L (or None).
+
+    A record's measured offload is, by its definition, inside the prefill phase: it is carved from there
+    first, whatever the engine's aggregate setting says.
+    """
     parts: dict[str, Part] = {}
     if record.queue is not None:
         parts["queue"] = Part(record.queue, "measured")
     if record.prefill is not None:
         parts["prefill"] = Part(record.prefill, "measured")
+    phases = set(parts)  # the phases the source measured, that fetch and offload can be carved from
     fetch = measured_fetch(record)
     fetch_method: Method = "measured"
     new, ctx = record.new_tokens, record.cached_tokens
     compute_estimate = model.compute(new, ctx or 0) if new is not None and model.known else None
-    overflow = estimate_overflow = 0.0
+    overflow = estimate_overflow = offload_overflow = 0.0
 
-    if "prefill" in parts and fetch_inside == "prefill" and fetch is None and compute_estimate is not None:
-        # the measured prefill split by the model: compute estimated, fetch the rest of the phase
+    if record.offload_seconds is not None:
+        if "prefill" in phases:
+            offload_overflow = _carve(parts, "prefill", "offload", record.offload_seconds, "measured")
+        else:
+            parts["offload"] = Part(record.offload_seconds, "measured")
+
+    if "prefill" in phases and fetch_inside == "prefill" and fetch is None and compute_estimate is not None:
+        # the measured prefill (less its offload) split by the model: compute estimated, fetch the rest
         measured = parts["prefill"].seconds
         compute = min(compute_estimate, measured)
         estimate_overflow = compute_estimate - compute
         parts["prefill"] = Part(compute, "estimated")
         parts["fetch"] = Part(measured - compute, "derived")
-        return _finish(record.ttft, parts, estimate_overflow=estimate_overflow)
+        return _finish(record.ttft, parts, estimate_overflow=estimate_overflow, offload_overflow=offload_overflow)
 
     if fetch is None and fetch_estimate is not None:
         fetch, fetch_method = fetch_estimate, "estimated"
     if "prefill" not in parts and compute_estimate is not None:
         parts["prefill"] = Part(compute_estimate, "estimated")  # a client record: no server phases
     if fetch is not None:
-        if fetch_inside in parts and parts[fetch_inside].method == "measured":
-            overflow = _carve(parts, fetch_inside, fetch, fetch_method)
+        if fetch_inside in phases:
+            overflow = _carve(parts, fetch_inside, "fetch", fetch, fetch_method)
         else:
             parts["fetch"] = Part(fetch, fetch_method)
-    return _finish(record.ttft, parts, fetch_overflow=overflow)
+    return _finish(record.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
 
 
 def compute_sample(
@@ -165,21 +193,23 @@ def compute_sample(
 ) -> tuple[int, int, float] | None:
     """(new, ctx, seconds of pure compute) when the record pins its compute time down, else None.
 
-    Pure compute is measured prefill with the fetch inside it removed: an async-load engine's prefill
-    time already is pure compute; a sync-load engine's is, once a measured (or known-zero) fetch is
-    taken out. A client record without phases counts only if allowed (`ttft_when_no_prefill`) and
-    the request was cold — TTFT then also holds queueing, so it suits unloaded sweeps like the seeds'.
+    Pure compute is measured prefill with the fetch and offload inside it removed: an async-load engine's
+    prefill time is pure compute once a measured offload (if any) is taken out; a sync-load engine's,
+    once a measured (or known-zero) fetch is too. A client record without phases counts only if allowed
+    (`ttft_when_no_prefill`) and the request was cold — TTFT then also holds queueing, so it suits
+    unloaded sweeps like the seeds'.
     """
     new, ctx = record.new_tokens, record.cached_tokens
     if new is None or ctx is None or new <= 0:
         return None
     if record.prefill is not None:
-        if fetch_inside == "queue":
-            return new, ctx, record.prefill
-        fetch = measured_fetch(record)
-        if fetch is None or fetch >= record.prefill:
-            return None
-        return new, ctx, record.prefill - fetch
+        spent = record.prefill - (record.offload_seconds or 0.0)
+        if fetch_inside == "prefill":
+            fetch = measured_fetch(record)
+            if fetch is None:
+                return None
+            spent -= fetch
+        return (new, ctx, spent) if spent > 0 else None
     if ttft_when_no_prefill and ctx == 0:
         return new, 0, record.ttft - (record.queue or 0.0)
     return None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from kvscope.agent.correlation import metrics as m
 from kvscope.agent.correlation.aggregate import WindowAttribution, WindowSummary
-from kvscope.agent.correlation.attribution import FetchInside
+from kvscope.agent.correlation.attribution import FetchInside, OffloadInside
 from kvscope.agent.correlation.counterfactuals import breakeven_bandwidth
 from kvscope.agent.correlation.options import CorrelationOptions
 from kvscope.agent.correlation.paths import PathWatch
@@ -33,8 +33,8 @@ class CorrelationEngine:
         self._o = options
         self._records, self._wall = records, wall_clock
         self._models, self._out, self._deltas = Models(options), Outputs(), Deltas()
-        self._window = (WindowAttribution(store, self._models, self._out, self._deltas, self._fetch_inside)
-                        if store is not None else None)
+        self._window = (WindowAttribution(store, self._models, self._out, self._deltas, self._fetch_inside,
+                                          self._offload_inside) if store is not None else None)
         self._paths = PathWatch(options, store, self._out, self._deltas) if store is not None else None
         self._requests = RequestAttribution(self._models, self._out, self._fetch_inside,
                                             options.fit_ttft_when_no_prefill, sinks)
@@ -61,6 +61,10 @@ class CorrelationEngine:
         where = self._o.fetch_inside_by_engine.get(engine, self._o.fetch_inside)
         return "prefill" if where == "prefill" else "queue"
 
+    def _offload_inside(self, engine: str) -> OffloadInside:
+        where = self._o.offload_inside_by_engine.get(engine, self._o.offload_inside)
+        return "prefill" if where == "prefill" else "none"
+
     def _breakeven(self) -> None:
         """BW*_t at the typical reused prefix: the records' median, else the engine counters' mean."""
         models, gauges = self._models, self._out.gauges
@@ -80,6 +84,10 @@ class CorrelationEngine:
             if model.known:
                 gauges[(m.COST_A, key)] = model.a
                 gauges[(m.COST_B, key)] = model.b
+                gauges[(m.COST_CONFIDENT, key)] = 1.0 if model.confident else 0.0
+            if model.fit is not None:
+                gauges[(m.COST_UNCERTAINTY, key)] = model.uncertainty
+                gauges[(m.COST_SPREAD, key)] = model.spread
             for (tier_key, tier), tier_model in models.tiers.items():
                 if tier_key != key:
                     continue
@@ -99,7 +107,7 @@ def build(options: CorrelationOptions, inputs: AnalysisInputs) -> CorrelationEng
 
 SPEC = AnalysisSpec(
     name="correlation",
-    description="TTFT attribution (queue/fetch/prefill/other), cost model, counterfactuals, fetch stall, "
+    description="TTFT attribution (queue/fetch/offload/prefill/other), cost model, counterfactuals, fetch stall, "
                 "noisy neighbour (reports nothing without engine series or request records)",
     options=CorrelationOptions,
     factory=build,

@@ -15,10 +15,18 @@ class CorrelationOptions:
     fetch_inside: Literal["queue", "prefill"] = "queue"
     # engine kind -> queue|prefill; the reference engine loads synchronously inside the step
     fetch_inside_by_engine: dict[str, str] = field(default_factory=lambda: {"reference": "prefill"})
+    # where an engine's store (offload) time sits: "none" (asynchronous stores: vLLM's OffloadingConnector
+    # defers them to the next step) or "prefill" (stores and evictions inside the step)
+    offload_inside: Literal["prefill", "none"] = "none"
+    offload_inside_by_engine: dict[str, str] = field(default_factory=lambda: {"reference": "prefill"})
     fit_window: int = 512  # pure-compute requests kept for the prefill cost fit
     fit_min_samples: int = 8
-    prefill_a: float = 0.0  # prior a (s/token) used until the first fit; 0 = none
-    prefill_b: float = 0.0  # prior b (s/token²)
+    # the prior: used as it is before any sample, its shape scaled to the samples while a fit is not trusted;
+    # 0, 0 = the seeds' shape (and no model before the first sample)
+    prefill_a: float = 0.0  # s/token
+    prefill_b: float = 0.0  # s/token²
+    fit_min_spread: float = 2.0  # longest / shortest prompt in the fit window before a and b are trusted
+    fit_max_relative_error: float = 0.1  # either term's standard error, at the longest prompt, / compute(P, 0)
     fit_ttft_when_no_prefill: bool = False  # cold client records (AIPerf) count TTFT as compute
     bytes_per_token: float = 0.0  # KV bytes per token; 0 = learn from transfer bytes / hit tokens
     record_buffer: int = 65536  # request records held between windows before the oldest are dropped
@@ -35,6 +43,13 @@ class CorrelationOptions:
         for engine, where in self.fetch_inside_by_engine.items():
             if where not in ("queue", "prefill"):
                 raise ValueError(f"fetch_inside_by_engine.{engine}: expected 'queue' or 'prefill', got {where!r}")
+        for engine, where in self.offload_inside_by_engine.items():
+            if where not in ("prefill", "none"):
+                raise ValueError(f"offload_inside_by_engine.{engine}: expected 'prefill' or 'none', got {where!r}")
+        if self.fit_min_spread < 1:
+            raise ValueError("fit_min_spread must be >= 1")
+        if self.fit_max_relative_error <= 0:
+            raise ValueError("fit_max_relative_error must be > 0")
         for name in ("fit_window", "fit_min_samples", "record_buffer", "baseline_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

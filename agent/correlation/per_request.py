@@ -56,16 +56,18 @@ class RequestAttribution:
             out.counters[(m.REQUESTS_ATTRIBUTED, (*key, record.source or "unknown"))] += 1
             if "fetch" in attribution.parts and record.ttft > 0:
                 out.observe_share(key, attribution.seconds("fetch") / record.ttft)
+            confidence = "high" if model.confident else "low"
             saved = recompute_avoided(record, attribution, model)
             if saved is not None:
-                out.counters[(m.PREFILL_SAVED, key)] += max(0.0, saved)
-                out.counters[(m.PREFILL_LOST, key)] += max(0.0, -saved)
+                out.counters[(m.PREFILL_SAVED, (*key, confidence))] += max(0.0, saved)
+                out.counters[(m.PREFILL_LOST, (*key, confidence))] += max(0.0, -saved)
             without = ttft_without_cache(record, attribution, model)
             if without is not None:
-                out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "with"))] += record.ttft
-                out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "without"))] += without
+                out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "with", confidence))] += record.ttft
+                out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "without", confidence))] += without
             intervals.append(signals.phase_intervals(record, attribution, inside))
-            results.append(AttributedRequest(record, attribution, saved, without))
+            results.append(AttributedRequest(record, attribution, saved, without,
+                                             confidence if saved is not None or without is not None else ""))
         for key, group in by_key.items():
             typical = typical_reused_tokens(group)
             if typical is not None:

@@ -13,7 +13,7 @@ from kvscope.agent.correlation import metrics as m
 from kvscope.agent.correlation.costmodel import PrefillCostModel, TierFetchModel
 from kvscope.agent.correlation.options import CorrelationOptions
 from kvscope.agent.readings import HistogramSample, LabelValues, Reading, Sample
-from kvscope.agent.records import Attribution
+from kvscope.agent.records import ERROR_KINDS, Attribution
 
 Key = tuple[str, str, str]  # engine, model, dp_rank
 # A store series the analysis has not read for this many windows is forgotten (it left the store, or its
@@ -61,7 +61,8 @@ class Models:
     def model(self, key: Key) -> PrefillCostModel:
         if key not in self.prefill:
             self.prefill[key] = PrefillCostModel(self._o.fit_window, self._o.fit_min_samples,
-                                                 self._o.prefill_a, self._o.prefill_b)
+                                                 self._o.prefill_a, self._o.prefill_b,
+                                                 self._o.fit_max_relative_error, self._o.fit_min_spread)
         return self.prefill[key]
 
     def tier(self, key: Key, tier: str) -> TierFetchModel:
@@ -86,9 +87,8 @@ class Outputs:
     def add_attribution(self, name: str, key: Key, attribution: Attribution, basis: str) -> None:
         for component, part in attribution.parts.items():
             self.counters[(name, (*key, component, part.method))] += part.seconds
-        for kind, amount in (("negative_remainder", attribution.negative_remainder),
-                             ("fetch_overflow", attribution.fetch_overflow),
-                             ("estimate_overflow", attribution.estimate_overflow)):
+        for kind in ERROR_KINDS:
+            amount = getattr(attribution, kind)
             error_key = (m.ATTRIBUTION_ERROR, (*key, basis, kind))
             if amount or error_key not in self.counters:  # every error series exists, at 0 until it happens
                 self.counters[error_key] += amount

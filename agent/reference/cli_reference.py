@@ -57,13 +57,15 @@ def _config(args: argparse.Namespace, data_dir: Path, **extra: Any) -> Any:
 def _serve(args: argparse.Namespace) -> int:
     from kvscope.agent.reference.engine import Engine
     from kvscope.agent.reference.openai_server import ReferenceServer
-    from kvscope.agent.reference.scenarios import data_dir
+    from kvscope.agent.reference.scenarios import data_dir, recompute_config
 
     with data_dir(args.data_dir) as d:
         config = _config(args, d, served_model_name=args.served_model_name, truth_path=args.truth,
                          kv_events_endpoint=args.kv_events or None,
                          kv_events_replay_endpoint=args.kv_events_replay or None,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, default_max_tokens=args.max_tokens)
+        if args.recompute:
+            config = recompute_config(config)
         engine = Engine(config)
         server = ReferenceServer(engine, args.host, args.port)
         stop = threading.Event()
@@ -72,14 +74,35 @@ def _serve(args: argparse.Namespace) -> int:
         engine.start()
         server.start()
         pub = engine.publisher
-        log.info("reference engine on %s (/v1, /metrics); KV events %s, replay %s; G4 in %s; max prompt %d tokens",
+        log.info("reference engine on %s (/v1, /metrics); KV events %s, replay %s; G4 in %s; max prompt %d tokens%s",
                  server.url, pub.endpoint if pub else "off", pub.replay_endpoint if pub else "off",
-                 config.g4_path or d / "g4",
-                 engine.max_prompt_tokens)
+                 config.g4_path or d / "g4", engine.max_prompt_tokens,
+                 " (recompute baseline: no prefix caching, no tier keeps anything)" if args.recompute else "")
+        _announce_agent_config(args, engine, server.url, d)
         stop.wait()
         server.stop()
         engine.stop()
     return 0
+
+
+def _announce_agent_config(args: argparse.Namespace, engine: Any, url: str, d: Path) -> None:
+    """Prints the agent configuration that watches this engine, or writes it where --agent-config says."""
+    from kvscope.agent.reference.agent_config import WatchedEngine, agent_config
+    from kvscope.collectors.host_inputs import block_device_of
+
+    pub = engine.publisher
+    g4 = engine.config.g4_path or d / "g4"
+    watched = WatchedEngine(f"{url}/metrics", engine.config.served_model_name,
+                            engine.config.geometry.bytes_per_token, pub.endpoint if pub else None,
+                            pub.replay_endpoint if pub else None, args.otlp_traces_endpoint,
+                            block_device_of(g4) if g4.exists() else None)
+    text = agent_config(watched)
+    if args.agent_config is None:
+        print("# the agent configuration that watches this engine (save it, then: kvscope run --config FILE)")
+        print(text, flush=True)
+    else:
+        args.agent_config.write_text(text, encoding="utf-8")
+        log.info("agent configuration written to %s (kvscope run --config %s)", args.agent_config, args.agent_config)
 
 
 def _scenario_base(args: argparse.Namespace, d: Path) -> Any:
@@ -140,6 +163,10 @@ def add_reference_commands(sub: Any) -> None:
     serve.add_argument("--kv-events", default="tcp://127.0.0.1:5557", help="PUB endpoint ('' = off)")
     serve.add_argument("--kv-events-replay", default="tcp://127.0.0.1:5558", help="replay ROUTER ('' = off)")
     serve.add_argument("--otlp-traces-endpoint", help="OTLP/HTTP collector, e.g. http://127.0.0.1:4318")
+    serve.add_argument("--recompute", action="store_true",
+                       help="a recompute baseline: no prefix caching, no tier keeps anything (every prompt computed)")
+    serve.add_argument("--agent-config", type=Path, metavar="FILE",
+                       help="write the agent configuration that watches this engine here (default: print it)")
     serve.set_defaults(func=_serve)
     scen = ref_sub.add_parser("scenario", help="the seeds' experiments at laptop scale")
     scen_sub = scen.add_subparsers(dest="scenario", required=True)

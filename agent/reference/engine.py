@@ -1,11 +1,18 @@
-"""The reference engine: queue → prefix lookup → fetch (real reads and copies) → prefill on one device slot
-(time from the cost model × time_scale) → first token → a few decode steps → store the new blocks.
+"""The reference engine: hash the prompt → queue → prefix lookup → fetch (real reads and copies) → room
+for the new blocks → prefill on one device slot (time from the cost model × time_scale) → store the new
+blocks down if G1 keeps nothing → first token → a few decode steps → release.
+
+As in vLLM, the prompt's block hashes are computed when the request is created, before it is queued:
+that time is in TTFT but in neither queue nor prefill time. Making room in G1/G2 and storing blocks down
+happen inside the step here (the store is synchronous), so they sit in the prefill phase: the truth
+records them as `offload_s`, apart from the fetch and the compute.
 
 One device loop thread serves one request at a time, like a GPU running one prefill: the fetch is
-synchronous inside the step (as vLLM's CPU offload connector loads), so while a request fetches the
-device slot is idle — the fetch stall the agent must detect. Everything it touches (directories,
-endpoints, clock, ZMQ context) comes from EngineConfig or the constructor, so tests and `kvscope
-selftest` start it in-process with a temporary directory and port 0 and stop it cleanly.
+synchronous inside the step (as a layer-wise connector loads; vLLM's OffloadingConnector loads before
+the first schedule instead), so while a request fetches the device slot is idle — the fetch stall the
+agent must detect. Everything it touches (directories, endpoints, clock, ZMQ context) comes from
+EngineConfig or the constructor, so tests and `kvscope selftest` start it in-process with a temporary
+directory and port 0 and stop it cleanly.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 import zmq
 from prometheus_client import CollectorRegistry
 
-from kvscope.agent.reference.blocks import chain_blocks
+from kvscope.agent.reference.blocks import BlockId, chain_blocks
 from kvscope.agent.reference.costmodel import CostModel
 from kvscope.agent.reference.geometry import KVGeometry, preset
 from kvscope.agent.reference.kv_publisher import KVEventPublisher
@@ -89,6 +96,8 @@ class EngineRequest:
     max_tokens: int
     arrival: float  # engine clock
     truth: RequestTruth
+    blocks: list[BlockId] = field(default_factory=list)  # the prompt's full blocks, hashed at submit
+    queued: float = 0.0  # engine clock, once hashed (vLLM's QUEUED)
     headers: Mapping[str, str] = field(default_factory=dict)
     temperature: float | None = None
     top_p: float | None = None
@@ -171,8 +180,11 @@ class Engine:
         arrival = self.clock() if arrival is None else arrival
         rid = request_id or f"ref-{next(self._ids)}"
         truth = RequestTruth(rid, self.wall_at(arrival), len(token_ids), time_scale=self.config.time_scale)
+        blocks = chain_blocks(token_ids, self.config.block_tokens)
+        queued = self.clock()
+        truth.queued_ts = self.wall_at(queued)
         req = EngineRequest(rid, token_ids, max_tokens or self.config.default_max_tokens, arrival, truth,
-                            headers or {}, temperature, top_p)
+                            blocks, queued, headers or {}, temperature, top_p)
         self.metrics.waiting.labels(*self.metrics.labels).inc()
         self._queue.put(req)
         return req
@@ -233,10 +245,11 @@ class Engine:
         m, L, cfg, bt = self.metrics, self.metrics.labels, self.config, self.config.block_tokens
         tr = self._current = req.truth
         scheduled = self.clock()
+        self.store.begin_request()
         m.waiting.labels(*L).dec()
         m.running.labels(*L).set(1)
-        tr.scheduled_ts, tr.queue_s = self.wall_at(scheduled), scheduled - req.arrival
-        blocks = chain_blocks(req.token_ids, bt)
+        tr.scheduled_ts, tr.queue_s = self.wall_at(scheduled), scheduled - req.queued
+        blocks = req.blocks
         # like vLLM, at least the last prompt token is computed, so a hit covers at most n-1 tokens
         usable = blocks[:(len(req.token_ids) - 1) // bt]
         tiers = self.store.lookup(usable) if cfg.prefix_caching else []
@@ -255,20 +268,26 @@ class Engine:
         tr.computed_tokens = new
         tr.prefill_model_s = cfg.cost.compute(new, reused)
         tr.recompute_s = cfg.cost.recompute(len(req.token_ids)) * cfg.time_scale
+        computed = blocks[fetched.loaded:]
+        self.store.reserve(sum(not self.store.holds(Tier.G1, b.key) for b in computed))
+
         def write_kv() -> None:  # prefill produces the new blocks' KV in G1
-            for b in blocks[fetched.loaded:]:
+            for b in computed:
                 self.store.put_computed(b)
 
         start, end = self._device(tr.prefill_model_s * cfg.time_scale, write_kv)
         tr.prefill_compute_s = end - start
         tr.device_busy.append([self.wall_at(start), self.wall_at(end)])
+        if not cfg.g1_retain:
+            self.store.offload_computed(computed)
+        tr.offload_s = self.store.take_offload()
         self._flush_events()
         local = fetched.blocks_by_tier.get(Tier.G1, 0) * bt
         m.prefilled(len(req.token_ids), local, reused - local)
         req.out.put(("token", output_piece(0)))
         first = self.clock()
         tr.first_token_ts, tr.ttft_s, tr.prefill_s = self.wall_at(first), first - req.arrival, first - scheduled
-        tr.other_s = tr.ttft_s - tr.queue_s - tr.fetch_total_s - tr.prefill_compute_s
+        tr.other_s = tr.ttft_s - tr.queue_s - tr.fetch_total_s - tr.offload_s - tr.prefill_compute_s
         itls, last = [], first
         for i in range(1, req.max_tokens):
             start, end = self._device(cfg.cost.decode_step * cfg.time_scale)
@@ -291,7 +310,8 @@ class Engine:
         if self.tracer is not None:
             self.tracer.record(req.headers, int(tr.arrival_ts * 1e9), int(tr.finished_ts * 1e9), span_attributes(
                 req.request_id, tr.ttft_s, tr.e2e_s, tr.queue_s, tr.prefill_s, tr.decode_s, tr.prompt_tokens,
-                tr.completion_tokens, req.max_tokens, req.temperature, req.top_p, reused, tr.fetch_total_s))
+                tr.completion_tokens, req.max_tokens, req.temperature, req.top_p, reused, tr.fetch_total_s,
+                tr.offload_s))
         req.out.put(("done", tr.finish_reason))
 
     def _device(self, seconds: float, work: Callable[[], object] | None = None) -> tuple[float, float]:

@@ -57,11 +57,25 @@ class SweepRow:
 EngineFactory = Callable[[EngineConfig], AbstractContextManager[Engine]]
 
 
+def sweep_config(base: EngineConfig, lengths: list[int]) -> EngineConfig:
+    """`base` with G1 large enough for the longest prompt and G4 for all of them."""
+    bt = base.block_tokens
+    return replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
+                   g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
+
+
+def recompute_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
+                    engine_factory: EngineFactory = running_engine) -> list[RequestTruth]:
+    """The sweep's prompts (the same as ttft_sweep's for a seed), each sent once to the engine without a
+    cache: what every length costs when nothing is reused."""
+    rng = np.random.default_rng(seed)
+    with engine_factory(recompute_config(sweep_config(base, lengths))) as engine:
+        return [engine.generate(_prompt(rng, n)) for n in lengths]
+
+
 def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
                engine_factory: EngineFactory = running_engine) -> list[SweepRow]:
-    bt = base.block_tokens
-    config = replace(base, g1_blocks=max(base.g1_blocks, _blocks(max(lengths), bt)),
-                     g4_blocks=max(base.g4_blocks, sum(_blocks(n, bt) for n in lengths)))
+    config = sweep_config(base, lengths)
     rng = np.random.default_rng(seed)
     rows = []
     with engine_factory(config) as engine:
@@ -75,14 +89,14 @@ def ttft_sweep(base: EngineConfig, lengths: list[int], seed: int = 0,
 
 
 def format_sweep(rows: list[SweepRow]) -> str:
-    out = [f"{'tokens':>8} {'cold TTFT s':>12} {'warm TTFT s':>12} {'speedup':>8} {'reused':>8} "
-           f"{'fetch s':>8} {'fetch GB/s':>10} {'compute s':>10}"]
+    out = [f"{'tokens':>8} {'cold TTFT s':>12} {'cold offload s':>15} {'warm TTFT s':>12} {'speedup':>8} "
+           f"{'reused':>8} {'fetch s':>8} {'fetch GB/s':>10} {'compute s':>10}"]
     for r in rows:
         w = r.warm
         fetch, moved = w.fetch_total_s, sum(w.fetch_bytes.values())
-        out.append(f"{r.prompt_tokens:>8} {r.cold.ttft_s:>12.3f} {w.ttft_s:>12.3f} {r.speedup:>7.1f}x "
-                   f"{sum(w.tokens_by_tier.values()):>8} {fetch:>8.3f} {moved / fetch / 1e9 if fetch else 0:>10.2f} "
-                   f"{w.prefill_compute_s:>10.3f}")
+        out.append(f"{r.prompt_tokens:>8} {r.cold.ttft_s:>12.3f} {r.cold.offload_s:>15.3f} {w.ttft_s:>12.3f} "
+                   f"{r.speedup:>7.1f}x {sum(w.tokens_by_tier.values()):>8} {fetch:>8.3f} "
+                   f"{moved / fetch / 1e9 if fetch else 0:>10.2f} {w.prefill_compute_s:>10.3f}")
     return "\n".join(out) + "\n"
 
 
@@ -133,23 +147,46 @@ def _drive(engine: Engine, order: list[list[int]], concurrency: int,
     return clock() - start, truths
 
 
-def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
-                   seed: int = 0, engine_factory: EngineFactory = running_engine) -> tuple[LoadResult, LoadResult]:
+def prompt_order(requests: int, prompts: int, prompt_tokens: int, seed: int = 0,
+                 min_tokens: int | None = None) -> list[list[int]]:
+    """N requests drawn from M prompts, each used N/M times in a seeded shuffle. Prompts are `prompt_tokens`
+    long, or of lengths drawn uniformly from [min_tokens, prompt_tokens] when min_tokens is given."""
     rng = np.random.default_rng(seed)
-    pool = [_prompt(rng, prompt_tokens) for _ in range(prompts)]
+    lengths = ([prompt_tokens] * prompts if min_tokens is None
+               else [int(n) for n in rng.integers(min_tokens, prompt_tokens + 1, prompts)])
+    pool = [_prompt(rng, n) for n in lengths]
     order = [pool[i % prompts] for i in range(requests)]
     rng.shuffle(order)
+    return order
+
+
+def cache_config(base: EngineConfig, prompts: int, prompt_tokens: int) -> EngineConfig:
+    """`base` with G1 large enough for one prompt and G4 for all of them."""
     bt = base.block_tokens
-    cached = replace(base, g1_blocks=max(base.g1_blocks, _blocks(prompt_tokens, bt)),
-                     g4_blocks=max(base.g4_blocks, prompts * _blocks(prompt_tokens, bt)))
-    baseline = replace(cached, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
-    results = []
-    for label, config in (("G4 cache", cached), ("recompute", baseline)):
-        with engine_factory(config) as engine:
-            engine.clear_cache()
-            seconds, truths = _drive(engine, order, concurrency)
-        results.append(LoadResult(label, requests, seconds, truths))
-    return results[0], results[1]
+    return replace(base, g1_blocks=max(base.g1_blocks, _blocks(prompt_tokens, bt)),
+                   g4_blocks=max(base.g4_blocks, prompts * _blocks(prompt_tokens, bt)))
+
+
+def recompute_config(config: EngineConfig) -> EngineConfig:
+    """The same engine without the cache: no prefix caching, no tier keeps anything."""
+    return replace(config, prefix_caching=False, g1_retain=False, g2_blocks=0, g3_blocks=0, g4_blocks=0)
+
+
+def run_load(config: EngineConfig, label: str, order: list[list[int]], concurrency: int,
+             engine_factory: EngineFactory = running_engine) -> LoadResult:
+    """One engine, cache starting empty, the requests of `order` from `concurrency` closed-loop clients."""
+    with engine_factory(config) as engine:
+        engine.clear_cache()
+        seconds, truths = _drive(engine, order, concurrency)
+    return LoadResult(label, len(order), seconds, truths)
+
+
+def shared_prompts(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
+                   seed: int = 0, engine_factory: EngineFactory = running_engine) -> tuple[LoadResult, LoadResult]:
+    order = prompt_order(requests, prompts, prompt_tokens, seed)
+    cached = cache_config(base, prompts, prompt_tokens)
+    return (run_load(cached, "G4 cache", order, concurrency, engine_factory),
+            run_load(recompute_config(cached), "recompute", order, concurrency, engine_factory))
 
 
 def format_load(cache: LoadResult, recompute: LoadResult) -> str:

@@ -13,6 +13,13 @@ Policy (one thread drives it: the engine's device loop):
 - a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
 Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
 
+Offload on the request path: making room (an eviction cascade out of G1 or G2), storing a computed block
+down (write-through, for a G1 that keeps nothing) and waiting for a free write-behind buffer are timed
+apart from the fetch, on an OffloadClock (the engine takes it per request, between its first schedule
+and its first token). A G1 → G2 store's transfer seconds run from the start of the store to the block
+being in G2 or in a write-behind buffer: the copy and what it waited for first (room in G2, a free
+buffer), so the store timer an observer reads (vLLM's `kv_offload_store_time`) covers the eviction.
+
 Write-behind (write_behind > 0 slots, agent.reference.write_behind): a block going down to a file tier
 is written by a background thread; it is found in that tier once written. A lock serialises the store's
 state between the two threads.
@@ -23,84 +30,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from kvscope.agent.reference.blockfile import BlockFileError, BlockFiles, direct_io_supported
 from kvscope.agent.reference.blocks import BlockId, stamp_block
 from kvscope.agent.reference.pools import MemoryPool
+from kvscope.agent.reference.store_types import (
+    G1,
+    G2,
+    G3,
+    G4,
+    MEDIUM,
+    ORDER,
+    BlockEvent,
+    FetchResult,
+    OffloadClock,
+    StoreObserver,
+    TierSpec,
+    Transfer,
+    _Tier,
+)
 from kvscope.agent.reference.write_behind import WriteBehind
 from kvscope.agent.tiers import Tier
 
+__all__ = ["MEDIUM", "BlockEvent", "FetchResult", "StoreObserver", "TierSpec", "TieredStore", "Transfer"]
+
 log = logging.getLogger("kvscope.reference.store")
-
-G1, G2, G3, G4 = Tier.G1, Tier.G2, Tier.G3, Tier.G4
-ORDER = (G1, G2, G3, G4)
-# KV-event medium and locality per tier, as vLLM ≥ 0.27 publishes them (facts/vllm.md §2.4); the GPU
-# block pool and the CPU offload tier send no locality.
-MEDIUM: dict[Tier, tuple[str, str | None]] = {
-    G1: ("GPU", None), G2: ("CPU", None), G3: ("STORAGE", "LOCAL"), G4: ("STORAGE", "REMOTE"),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TierSpec:
-    capacity_blocks: int  # 0: the tier is off (G1 and G2 still exist as working and staging memory)
-    retain: bool = True  # False: keeps nothing between requests
-    path: Path | None = None  # G3/G4 directory
-    direct: bool = False  # O_DIRECT for G3/G4 files (falls back to buffered where refused)
-
-
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    src: Tier
-    dst: Tier
-    bytes: int
-    seconds: float
-    start: float  # clock() at the start
-    background: bool = False  # done by the write-behind thread, not on behalf of the request in flight
-    # for a copy into G1: the tier the block was fetched from (a G3/G4 block reaches G1 through host memory)
-    origin: Tier | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvent:
-    kind: str  # "stored" | "removed"
-    tier: Tier
-    block: BlockId
-
-
-class StoreObserver(Protocol):
-    def transfer(self, t: Transfer) -> None: ...
-    def block_event(self, e: BlockEvent) -> None: ...
-    def error(self, tier: Tier, kind: str) -> None: ...
-
-
-@dataclass
-class FetchResult:
-    blocks_by_tier: dict[Tier, int] = field(default_factory=dict)
-    seconds_by_tier: dict[Tier, float] = field(default_factory=dict)  # wall time bringing them to G1
-    bytes_by_tier: dict[Tier, int] = field(default_factory=dict)  # bytes moved off that tier
-    loaded: int = 0  # leading blocks now in G1
-    failed: bool = False  # a block could not be read; the rest of the prefix is recomputed
-
-
-class _Tier:
-    """Residency of one tier: LRU order of keys, plus pool slots for memory tiers."""
-
-    def __init__(self, tier: Tier, spec: TierSpec) -> None:
-        self.tier = tier
-        self.spec = spec
-        self.lru: OrderedDict[int, int] = OrderedDict()  # key → pool slot (memory) or 0 (file)
-
-    @property
-    def keeps(self) -> bool:
-        return self.spec.capacity_blocks > 0 and self.spec.retain
 
 
 class TieredStore:
@@ -139,6 +96,18 @@ class TieredStore:
         self.lock = threading.RLock()
         self.write_behind = WriteBehind(write_behind, block_bytes, block_tokens, self.files, clock, self.lock,
                                         self._write_landed)
+        self.offload = OffloadClock(clock)
+        self._offloading = self.offload.timing
+
+    def begin_request(self) -> None:
+        """A request is scheduled: offload work on this thread counts for it from now on."""
+        with self.lock:
+            self.offload.begin()
+
+    def take_offload(self) -> float:
+        """Offload seconds of the request since begin_request() (the engine reads it at the first token)."""
+        with self.lock:
+            return self.offload.seconds
 
     def flush(self) -> None:
         """Waits until every queued write-behind has landed."""
@@ -223,12 +192,14 @@ class TieredStore:
 
     def _bring_to_g1(self, b: BlockId, tier: Tier, result: FetchResult) -> int | None:
         """Bytes moved off `tier` for block b, or None if it could not be read. Times the move into result
-        (not the G1 eviction that makes room for it: that is cascade work, not this fetch)."""
+        (not the evictions that make room for it in G1 and G2: they are offload, timed as such)."""
         if tier is G1:
             self._touch(G1, b.key)
             self.pinned.add(b.key)
             return 0
         slot = self._allocate(G1)  # first: its eviction cascade may use the staging slots
+        # room in G2 for the promoted copy is made before the fetch starts: it is offload, not fetch
+        g2_slot = self._try_allocate(G2) if tier is not G2 and self.tiers[G2].keeps else None
         start = self.clock()
         moved = self.block_bytes
         # The two hops' transfer times tile the fetch from `start` to `end` with no gap, as a connector's
@@ -238,7 +209,7 @@ class TieredStore:
             src = self.g2.block(self.tiers[G2].lru[b.key])
             self._touch(G2, b.key)
         else:
-            loaded = self._read_into_host(b, tier, start)
+            loaded = self._read_into_host(b, tier, start, g2_slot)
             if loaded is None:
                 self.g1.free(slot)
                 return None
@@ -251,10 +222,10 @@ class TieredStore:
         result.seconds_by_tier[tier] = result.seconds_by_tier.get(tier, 0.0) + end - start
         return moved
 
-    def _read_into_host(self, b: BlockId, tier: Tier, t0: float) -> tuple[np.ndarray, int, float] | None:
-        """File → host memory: into G2 (promotion) when G2 keeps blocks and has room, else into staging.
+    def _read_into_host(self, b: BlockId, tier: Tier, t0: float, g2_slot: int | None
+                        ) -> tuple[np.ndarray, int, float] | None:
+        """File → host memory: into G2 slot `g2_slot` (promotion) when given, else into staging.
         The read's transfer runs from `t0` (the fetch's start); returns where it ended."""
-        g2_slot = self._try_allocate(G2) if self.tiers[G2].keeps else None
         slot_view = self.g2.slot(g2_slot) if g2_slot is not None else self.staging.slot(1)
         try:
             got = self.files[tier].read(b.key, slot_view, self.block_bytes)
@@ -284,13 +255,46 @@ class TieredStore:
     def _allocate(self, t: Tier) -> int:
         pool = self.g1 if t is G1 else self.g2
         slot = pool.allocate()
-        while slot is None:
-            victim = next((k for k in self.tiers[t].lru if k not in self.pinned), None)
-            if victim is None:
-                raise MemoryError(f"{t} is full of blocks pinned by the request in flight")
-            self._evict(t, victim)
-            slot = pool.allocate()
+        if slot is not None:
+            return slot
+        with self._offloading():
+            while slot is None:
+                victim = next((k for k in self.tiers[t].lru if k not in self.pinned), None)
+                if victim is None:
+                    raise MemoryError(f"{t} is full of blocks pinned by the request in flight")
+                self._evict(t, victim)
+                slot = pool.allocate()
         return slot
+
+    def reserve(self, blocks: int) -> None:
+        """Room in G1 for `blocks` new blocks before prefill writes them (as vLLM allocates a request's
+        slots when it schedules it): the evictions are offload, not compute. Evicts what it can."""
+        with self.lock:
+            if self.g1.free_slots >= blocks:
+                return
+            with self._offloading():
+                self._evict_until_free(blocks)
+
+    def _evict_until_free(self, blocks: int) -> None:
+        g1 = self.tiers[G1]
+        while self.g1.free_slots < blocks:
+            victim = next((k for k in g1.lru if k not in self.pinned), None)
+            if victim is None:
+                return
+            self._evict(G1, victim)
+
+    def offload_computed(self, blocks: Iterable[BlockId]) -> None:
+        """Write-through for a G1 that keeps nothing: each block prefill computed goes down to the next tier
+        that keeps blocks now, inside the step (as KVBM offloads a block once it is computed), so releasing
+        the request later only drops it."""
+        below = next((d for d in ORDER[1:] if self.tiers[d].keeps), None)
+        if below is None:
+            return
+        with self.lock, self._offloading():
+            for b in blocks:
+                if (b.key in self.tiers[G1].lru and b.key not in self.tiers[below].lru
+                        and not self.write_behind.pending(below, b.key)):
+                    self._write_down(G1, below, b.key)
 
     def _evict(self, t: Tier, key: int) -> None:
         """Cascade `key` from tier t to the next tier that keeps blocks (unless held there), then drop it."""
@@ -301,19 +305,19 @@ class TieredStore:
 
     def _write_down(self, src: Tier, dst: Tier, key: int) -> None:
         b = self.meta[key]
+        t0 = self.clock()  # a store from G1 is timed from here: what it waits for first is part of it
         if dst is G2:  # only G1 is above G2
             slot = self._try_allocate(G2)
             if slot is None:
                 return
-            t0 = self.clock()
             np.copyto(self.g2.block(slot), self.g1.block(self.tiers[G1].lru[key]))
             self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
             self._admit(G2, b, slot)
             return
-        if self.write_behind.pending(dst, key) or self._queue_write(src, dst, b):
+        if self.write_behind.pending(dst, key) or self._queue_write(src, dst, b, t0):
             return
         self._make_room(dst)  # first: a G3 → G4 cascade reads through the staging slot used below
-        host = self._host_copy(src, key)
+        host = self._host_copy(src, key, t0)
         if host is None:
             return
         t0 = self.clock()
@@ -326,13 +330,14 @@ class TieredStore:
         self.observer.transfer(Transfer(G2, dst, written, self.clock() - t0, t0))
         self._admit(dst, b, 0)
 
-    def _queue_write(self, src: Tier, dst: Tier, b: BlockId) -> bool:
-        """Hands the write to the write-behind thread if a buffer is free (False: write it inline)."""
-        free = self.write_behind.buffer() if src in (G1, G2) else None
+    def _queue_write(self, src: Tier, dst: Tier, b: BlockId, t0: float) -> bool:
+        """Hands the write to the write-behind thread, waiting for a free buffer (the writer lands writes
+        meanwhile: the wait releases the store's lock). False: no writer (or a cascade from a file tier),
+        write it inline."""
+        free = self.write_behind.buffer(wait=True) if src in (G1, G2) else None
         if free is None:
             return False
         slot, buffer = free
-        t0 = self.clock()
         if b.key in self.tiers[G2].lru:
             np.copyto(buffer, self.g2.block(self.tiers[G2].lru[b.key]))
         else:
@@ -350,16 +355,17 @@ class TieredStore:
             self._make_room(dst)
             self._admit(dst, b, 0)
 
-    def _host_copy(self, src: Tier, key: int) -> np.ndarray | None:
-        """A padded host-memory slot holding the block, to write it to a file tier from."""
+    def _host_copy(self, src: Tier, key: int, t0: float) -> np.ndarray | None:
+        """A padded host-memory slot holding the block, to write it to a file tier from (a G1 store is
+        timed from `t0`, the start of the store)."""
         if key in self.tiers[G2].lru:  # G2 itself, or the inclusive copy of a G1 block
             return self.g2.slot(self.tiers[G2].lru[key])
         staging = self.staging.slot(0)
-        t0 = self.clock()
         if src is G1:
             np.copyto(staging[:self.block_bytes], self.g1.block(self.tiers[G1].lru[key]))
             self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
             return staging
+        t0 = self.clock()
         try:  # G3 → G4 cascade: read it back through host memory
             got = self.files[src].read(key, staging, self.block_bytes)
         except (BlockFileError, OSError):

@@ -51,7 +51,7 @@ class RequestTracer:
 def span_attributes(request_id: str, ttft: float, e2e: float, queue: float, prefill: float, decode: float,
                     prompt_tokens: int, completion_tokens: int, max_tokens: int,
                     temperature: float | None, top_p: float | None, cached_tokens: int | None = None,
-                    fetch_seconds: float | None = None) -> dict[str, Any]:
+                    fetch_seconds: float | None = None, offload_seconds: float | None = None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.request.id": request_id,
         "gen_ai.latency.time_to_first_token": ttft,
@@ -73,4 +73,6 @@ def span_attributes(request_id: str, ttft: float, e2e: float, queue: float, pref
         attrs["kvscope.kv.cached_tokens"] = cached_tokens
     if fetch_seconds is not None:
         attrs["kvscope.kv.fetch_seconds"] = fetch_seconds
+    if offload_seconds is not None:
+        attrs["kvscope.kv.offload_seconds"] = offload_seconds
     return attrs

@@ -3,15 +3,18 @@
 Times: `*_ts` are wall-clock seconds (time.time(), comparable with KV-event and span timestamps);
 durations are seconds measured on the engine's monotonic clock. The decomposition holds exactly:
 
-    ttft_s = queue_s + sum(fetch_s.values()) + prefill_compute_s + other_s,   other_s ≥ 0
+    ttft_s = queue_s + sum(fetch_s.values()) + offload_s + prefill_compute_s + other_s,   other_s ≥ 0
 
-- queue_s: arrival → first scheduled (vLLM's request_queue_time);
+- queue_s: queued → first scheduled (vLLM's request_queue_time; queued once the prompt is hashed);
 - fetch_s[tier]: reading that tier's reused blocks into G1 (G3/G4 include their hop through host memory),
   with fetch_bytes[tier] the bytes moved off that tier (a G3/G4 block file includes its 4 KiB header);
+- offload_s: eviction and store work between the first schedule and the first token: making room in
+  G1/G2 (cascades down), storing computed blocks down when G1 keeps nothing, waiting for a write-behind
+  buffer;
 - prefill_compute_s: the device slot's busy time for the new tokens (cost model × time_scale, slept);
-- other_s: tokenisation, hashing, lookup, scheduling gaps and emitting the first token.
-`prefill_s` = first token − first scheduled, vLLM's request_prefill_time (it contains the fetch, which is
-synchronous as with vLLM's CPU offload connector). `recompute_s` is the cost model's t(prompt, 0)
+- other_s: hashing the prompt (before it is queued), lookup, scheduling gaps and emitting the first token.
+`prefill_s` = first token − first scheduled, vLLM's request_prefill_time (it contains the fetch and the
+offload, both synchronous in this engine). `recompute_s` is the cost model's t(prompt, 0)
 × time_scale: what the whole prompt would cost without the cache. `device_busy` lists [start, end]
 wall-clock intervals of compute for this request (prefill, then decode steps).
 """
@@ -30,12 +33,14 @@ class RequestTruth:
     request_id: str
     arrival_ts: float
     prompt_tokens: int
+    queued_ts: float = 0.0
     scheduled_ts: float = 0.0
     first_token_ts: float = 0.0
     finished_ts: float = 0.0
     queue_s: float = 0.0
     fetch_s: dict[str, float] = field(default_factory=dict)
     fetch_bytes: dict[str, int] = field(default_factory=dict)
+    offload_s: float = 0.0
     prefill_compute_s: float = 0.0
     prefill_model_s: float = 0.0  # the cost model's unscaled seconds for the new tokens
     prefill_s: float = 0.0

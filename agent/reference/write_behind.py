@@ -1,7 +1,8 @@
 """Write-behind for the file tiers: a block going down to G3/G4 is copied into a host buffer of this
 writer's own and written by a background thread, as vLLM's offload stores are asynchronous, so the
-device loop does not wait for the disk. When every buffer is busy the store writes inline instead
-(backpressure).
+device loop does not wait for the disk. When every buffer is busy the store waits for one
+(backpressure): the wait releases the store's lock, so the writer can land what it wrote and free its
+buffer.
 
 The writer owns its buffers, its block-file handles and the queue; the store owns residency: each
 finished write is handed to the store's `landed` callback under the store's lock, where the block
@@ -35,10 +36,13 @@ class WriteBehind:
                  clock: Callable[[], float], lock: threading.RLock, landed: Landed) -> None:
         self._block_bytes, self._block_tokens = block_bytes, block_tokens
         self._clock, self._lock, self._landed = clock, lock, landed
-        self._pool = MemoryPool(slots, block_bytes, prefault=False)  # touched on first use
+        # pre-faulted like G1 and G2: a first touch copies at a tenth of the speed, and the copy into a buffer
+        # is on the request's path (the store's offload time)
+        self._pool = MemoryPool(slots if files else 0, block_bytes)
         self._files = {t: BlockFiles(f.directory, f.direct) for t, f in files.items()}  # own I/O buffers
         self._queue: queue.Queue[tuple[Tier, BlockId, int] | None] = queue.Queue()
         self._pending: set[tuple[Tier, int]] = set()
+        self._freed = threading.Condition(lock)  # a buffer came free (waited on with the store's lock)
         self._thread: threading.Thread | None = None
         if slots > 0 and files:
             self._thread = threading.Thread(target=self._run, name="kv-write-behind", daemon=True)
@@ -48,11 +52,16 @@ class WriteBehind:
         """A write of `key` to `tier` is queued or under way."""
         return (tier, key) in self._pending
 
-    def buffer(self) -> tuple[int, np.ndarray] | None:
-        """A free buffer (slot, block-sized view) to copy a block into for `submit`; None: write inline."""
+    def buffer(self, wait: bool = False) -> tuple[int, np.ndarray] | None:
+        """A free buffer (slot, block-sized view) to copy a block into for `submit`; None: write inline
+        (no writer, or every buffer busy and `wait` is False). Call with the store's lock held: waiting
+        releases it until the writer frees a buffer."""
         if self._thread is None:
             return None
         slot = self._pool.allocate()
+        while slot is None and wait:
+            self._freed.wait()
+            slot = self._pool.allocate()
         return None if slot is None else (slot, self._pool.block(slot))
 
     def submit(self, dst: Tier, b: BlockId, slot: int) -> None:
@@ -80,6 +89,7 @@ class WriteBehind:
             seconds = self._clock() - t0
             with self._lock:
                 self._pool.free(slot)
+                self._freed.notify_all()
                 self._pending.discard((dst, b.key))
                 self._landed(dst, b, written, seconds, t0)
             self._queue.task_done()

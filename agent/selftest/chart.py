@@ -1,62 +1,83 @@
-"""The demo's PNG: TTFT per request (cold vs warm, against the recompute baseline) and the TTFT split.
+"""The demo's PNG, one figure read at a glance: TTFT against prompt length with its split (recomputed vs KV
+fetched from G4), fetch bandwidth against break-even, and throughput with and without the cache.
 
 matplotlib (the `reference` extra) with the Agg backend, imported here only, so nothing else pays for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kvscope.agent.selftest.checks import COMPONENTS
+from kvscope.agent.records import COMPONENTS
+from kvscope.agent.selftest.demo_figures import Sweep, Throughput
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "prefill": "#ff7f0e", "other": "#d4c35a"}
-
-
-@dataclass(frozen=True, slots=True)
-class RequestPoint:
-    order: int  # completion order
-    ttft_ms: float
-    warm: bool
+COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "offload": "#9467bd", "prefill": "#ff7f0e", "other": "#d4c35a"}
 
 
-def render(path: Path, cache: Sequence[RequestPoint], recompute: Sequence[RequestPoint],
-           agent_shares: dict[str, float], truth_shares: dict[str, float], title: str) -> None:
+def _ttft_split(ax: Any, sweep: Sweep) -> None:
+    width = 0.38
+    for offset, kind, hatch in ((-width / 2, "recompute", "//"), (width / 2, "warm", "")):
+        bottom = [0.0] * len(sweep.points)
+        for c in COMPONENTS:
+            heights = [p.split[kind][c] for p in sweep.points]
+            ax.bar([i + offset for i in range(len(sweep.points))], heights, width, bottom=bottom, color=COLOURS[c],
+                   hatch=hatch, edgecolor="white", linewidth=0.5, label=c if kind == "warm" else None)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    for i, p in enumerate(sweep.points):
+        ax.annotate(f"{p.speedup:.1f}×", (i + width / 2, p.warm_s), textcoords="offset points", xytext=(0, 3),
+                    ha="center", fontsize=8, fontweight="bold")
+    ax.bar([0], [0], color="white", edgecolor="#555555", hatch="//", label="left bar: recomputed")
+    ax.bar([0], [0], color="white", edgecolor="#555555", label="right bar: KV from G4 (speed-up above)")
+    ax.set_xticks(range(len(sweep.points)), [f"{p.tokens:,}" for p in sweep.points])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("time to first token (s)")
+    ax.set_title("TTFT against prompt length, and where it went")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", framealpha=0.9)
+
+
+def _bandwidth(ax: Any, sweep: Sweep) -> None:
+    tokens = [p.tokens for p in sweep.points]
+    ax.plot(tokens, [p.fetch_bandwidth / 1e9 for p in sweep.points], "o-", color="#2ca02c",
+            label="measured fetch from G4")
+    ax.plot(tokens, [p.breakeven_bandwidth / 1e9 for p in sweep.points], "s--", color="#d62728",
+            label="break-even (slower than recompute below)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tokens, [f"{n // 1024}k" for n in tokens])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("GB/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Fetch bandwidth against break-even")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best", framealpha=0.9)
+
+
+def _throughput(ax: Any, t: Throughput) -> None:
+    values = [t.recompute_rps, t.cache_rps]
+    bars = ax.bar(["recompute", "G4 cache\n(cold fill included)"], values, color=["#bbbbbb", "#2ca02c"],
+                  label=[f"{v:.2f} requests/s" for v in values])
+    for bar, v in zip(bars, values, strict=True):
+        ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points", xytext=(0, 3),
+                    ha="center", fontsize=8)
+    ax.set_ylabel("requests per second")
+    ax.set_ylim(0, max(values) * 1.2)
+    ax.set_title(f"Shared prompts: {t.speedup:.2f}× throughput")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", title=f"{t.requests} requests, {t.prompts} prompts, "
+              f"{t.concurrency} at a time", title_fontsize=7)
+
+
+def render(path: Path, sweep: Sweep, throughput: Throughput, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})
-    if recompute:
-        left.plot([p.order for p in recompute], [p.ttft_ms for p in recompute], color="#bbbbbb", lw=1.5,
-                  label="recompute baseline (no cache)", zorder=1)
-    for warm, colour, label in ((False, "#d62728", "cold (computed)"), (True, "#2ca02c", "warm (reused KV)")):
-        pts = [p for p in cache if p.warm == warm]
-        left.scatter([p.order for p in pts], [p.ttft_ms for p in pts], s=22, color=colour, label=label, zorder=2)
-    left.set_xlabel("request (completion order)")
-    left.set_ylabel("TTFT (ms)")
-    left.set_title("TTFT per request, as the agent recorded it")
-    left.set_ylim(bottom=0)
-    left.grid(alpha=0.3)
-    left.legend(loc="lower right", fontsize=8, framealpha=0.9)
-
-    # grouped bars with their values: queue can dwarf the rest, a stacked bar would hide fetch and other
-    height = 0.38
-    for offset, (name, shares, hatch) in ((-height / 2, ("agent", agent_shares, "")),
-                                           (height / 2, ("truth", truth_shares, "//"))):
-        ys = [i + offset for i in range(len(COMPONENTS))]
-        values = [shares.get(c, 0.0) for c in COMPONENTS]
-        right.barh(ys, values, height=height, color=[COLOURS[c] for c in COMPONENTS], hatch=hatch,
-                   edgecolor="white", label=name)
-        for y, v in zip(ys, values, strict=True):
-            right.text(v + 1, y, f"{name} {v:.1f}%", va="center", fontsize=7)
-    right.set_yticks(range(len(COMPONENTS)), list(COMPONENTS))
-    right.invert_yaxis()
-    right.set_xlim(0, 115)
-    right.set_xlabel("share of TTFT (%)")
-    right.set_title("Where TTFT went (cache run): agent vs truth")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [1.7, 1, 0.8]})
+    _ttft_split(axes[0], sweep)
+    _bandwidth(axes[1], sweep)
+    _throughput(axes[2], throughput)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -14,8 +14,9 @@ Tolerances, and why:
   once per scrape: each addition can round by one ulp (~1e-16 relative), so even 10^4 scrapes stay
   below 1e-12. A real loss (a missed request) is at least one TTFT, orders of magnitude above.
 - TTFT components: shares of the aggregate within 5 percentage points (correlation.md §6). The agent
-  gets fetch from transfer seconds, which leave out bookkeeping between the hops, and cannot see the
-  engine's own "other" inside the prefill phase (lookup, hashing): that time lands in its prefill.
+  gets fetch from transfer seconds, which leave out bookkeeping between the hops, offload from the
+  engine's store timer (G1 → G2), and cannot see the engine's own "other" inside the prefill phase
+  (lookup, publishing events): that time lands in its prefill.
 - per request: fetch and prefill each within 10 % of the request's TTFT, for ≥ 90 % of requests.
 - prefill saved: within 10 % of the truth. The agent fits its cost model on measured phases; the
   engine knows each request's recompute cost from its own model.
@@ -30,10 +31,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.agent.records import COMPONENTS
 from kvscope.agent.selftest.harness import ENGINE_KIND, RunCapture
 from kvscope.agent.tiers import STORAGE_TIERS
 
-COMPONENTS = ("queue", "fetch", "prefill", "other")
 SHARE_PP = 5.0
 # fetch intervals are placed from each span's phase lengths (correlation.md §5); 10 % as per request
 STALL_RELATIVE = 0.10
@@ -57,7 +58,8 @@ class Figures:
     lookup_tokens: float = 0.0
     computed_tokens: float = 0.0
     components: dict[str, float] = field(default_factory=dict)  # seconds summed over requests
-    per_request: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # id -> ttft, fetch, prefill
+    # id -> ttft, fetch, prefill, offload
+    per_request: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
     prefill_saved: float = 0.0  # net seconds (saved − lost) over requests that reused tokens
     fetch_stall: float = 0.0  # device idle while a request fetched and none computed, seconds
 
@@ -89,10 +91,10 @@ def truth_figures(run: RunCapture) -> Figures:
         f.ttft_sum += t.ttft_s
         f.lookup_tokens += t.prompt_tokens
         f.computed_tokens += t.computed_tokens
-        for name, seconds in zip(COMPONENTS, (t.queue_s, t.fetch_total_s, t.prefill_compute_s, t.other_s),
-                                 strict=True):
+        for name, seconds in zip(COMPONENTS, (t.queue_s, t.fetch_total_s, t.offload_s, t.prefill_compute_s,
+                                              t.other_s), strict=True):
             f.components[name] = f.components.get(name, 0.0) + seconds
-        f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s)
+        f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s, t.offload_s)
         if t.tokens_by_tier:
             f.prefill_saved += t.recompute_s - (t.prefill_compute_s + t.fetch_total_s)
         # one device loop fetches synchronously, then computes: the device is idle for every fetch
@@ -153,7 +155,8 @@ def measured_figures(run: RunCapture) -> Figures:
             value = (parts.get(component) or {}).get("seconds")
             return math.nan if value is None else float(value)
 
-        f.per_request[str(line["request_id"])] = (float(line["ttft"]), seconds("fetch"), seconds("prefill"))
+        f.per_request[str(line["request_id"])] = (float(line["ttft"]), seconds("fetch"), seconds("prefill"),
+                                                  seconds("offload") if "offload" in parts else 0.0)
     return f
 
 
@@ -218,9 +221,9 @@ def _shares(run: str, truth: Figures, measured: Figures) -> list[Check]:
 
 
 def _per_request(run: str, truth: Figures, measured: Figures) -> list[Check]:
-    """Fraction of requests whose fetch (and prefill) the agent got within 10 % of their TTFT."""
+    """Fraction of requests whose fetch (prefill, offload) the agent got within 10 % of their TTFT."""
     out = []
-    for index, name in ((1, "fetch"), (2, "prefill")):
+    for index, name in ((1, "fetch"), (2, "prefill"), (3, "offload")):
         good, worst = 0, 0.0
         for rid, values in truth.per_request.items():
             got = measured.per_request.get(rid)
@@ -237,3 +240,32 @@ def _per_request(run: str, truth: Figures, measured: Figures) -> list[Check]:
 
 def check_run(run: RunCapture) -> list[Check]:
     return compare(run.label, truth_figures(run), measured_figures(run))
+
+
+# what the agent's default [analyses.correlation] fit_min_spread requires of the prompt lengths
+MIN_SPREAD = 2.0
+
+
+def confidence_checks(run: RunCapture) -> list[Check]:
+    """For a run whose prompt lengths span less than MIN_SPREAD: the agent's cost model must say it is not
+    confident (kvscope_prefill_cost_confident 0), and every counterfactual second must be labelled low."""
+    prompts = [t.prompt_tokens for t in run.truths]
+    spread = max(prompts) / min(prompts) if prompts else math.nan
+    confident = math.nan
+    low = high = 0.0
+    for name, labels, value in engine_samples(run.exposition):
+        if name == "kvscope_prefill_cost_confident":
+            confident = value
+        elif name in ("kvscope_prefill_saved_seconds_total", "kvscope_prefill_lost_seconds_total"):
+            if labels.get("confidence") == "low":
+                low += value
+            else:
+                high += value
+    narrow = spread < MIN_SPREAD
+    out = [Check(run.label, f"cost model confident (prompts span {spread:.2f}x)", 0.0 if narrow else 1.0,
+                 confident, confident - (0.0 if narrow else 1.0), f"0 below a {MIN_SPREAD:g}x spread",
+                 not narrow or confident == 0.0)]
+    share = low / (low + high) if low + high > 0 else math.nan
+    out.append(Check(run.label, "counterfactual seconds labelled low-confidence", 1.0 if narrow else 0.0, share,
+                     share - (1.0 if narrow else 0.0), "all of them, below the spread", not narrow or share == 1.0))
+    return out

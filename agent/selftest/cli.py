@@ -34,12 +34,12 @@ def _selftest(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from kvscope.agent.selftest.demo import run_demo
-    from kvscope.agent.selftest.plans import SharedPromptsPlan
+    from kvscope.agent.selftest.plans import DemoPlan
 
     logging.getLogger().setLevel(logging.WARNING)
-    plan = SharedPromptsPlan(requests=args.requests, prompts=args.prompts, concurrency=args.concurrency,
-                             prompt_tokens=args.prompt_tokens, block_tokens=args.block_tokens,
-                             time_scale=args.time_scale, model=args.model, seed=args.seed)
+    plan = DemoPlan(lengths=tuple(int(n) for n in args.lengths.split(",")), requests=args.requests,
+                    prompts=args.prompts, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
+                    block_tokens=args.block_tokens, time_scale=args.time_scale, model=args.model, seed=args.seed)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -53,7 +53,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     st = sub.add_parser("selftest", help="run the reference engine with the agent attached; compare with truth")
-    st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "all"),
+    st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "g1-eviction",
+                                           "narrow-prompts", "all"),
                     default="shared-prompts",
                     help="which scenario (default shared-prompts)")
     st.add_argument("--stack", choices=("vllm", "dynamo-kvbm"), default="vllm",
@@ -63,19 +64,22 @@ def add_commands(sub: Any) -> None:
     st.add_argument("--workdir", type=Path, help="keep the agent configs, per-request JSONL and G3/G4 files here "
                     "(default: a temporary directory, removed)")
     st.set_defaults(func=_selftest)
-    demo = sub.add_parser("demo", help="shared prompts through G1-G4 with the agent attached: progress, both "
-                          "/metrics endpoints, a Markdown + PNG report")
+    demo = sub.add_parser("demo", help="the seeds' two experiments at laptop scale with the agent attached: TTFT "
+                          "against prompt length (recompute vs G4 fetch) and shared-prompts throughput; a "
+                          "Markdown + PNG report")
     demo.add_argument("--out", type=Path, default=Path("kvscope-demo"),
                       help="output directory (default ./kvscope-demo)")
     demo.add_argument("--keep-serving", action="store_true",
-                      help="leave the cache run's engine and agent serving /metrics until Ctrl-C")
-    demo.add_argument("--requests", type=int, default=48)
-    demo.add_argument("--prompts", type=int, default=8)
-    demo.add_argument("--concurrency", type=int, default=4)
-    demo.add_argument("--prompt-tokens", type=int, default=2048)
+                      help="leave the shared-prompts cache run's engine and agent serving until Ctrl-C")
+    demo.add_argument("--lengths", default="1024,2048,4096,8192,16384",
+                      help="prompt lengths of the TTFT sweep (default 1024,...,16384)")
+    demo.add_argument("--requests", type=int, default=32, help="shared prompts: requests (default 32)")
+    demo.add_argument("--prompts", type=int, default=4, help="shared prompts: distinct prompts (default 4)")
+    demo.add_argument("--concurrency", type=int, default=4, help="shared prompts: clients (default 4)")
+    demo.add_argument("--prompt-tokens", type=int, default=4096, help="shared prompts: tokens each (default 4096)")
     demo.add_argument("--block-tokens", type=int, default=256)
     demo.add_argument("--time-scale", type=float, default=1.0, help="multiplies compute time (default 1)")
-    demo.add_argument("--model", default="", help="KV geometry preset, e.g. gpt-oss-120b (default: a small "
-                      "2 KiB/token geometry, so the demo moves little data)")
+    demo.add_argument("--model", default="gpt-oss-120b", help="KV geometry preset (default gpt-oss-120b, "
+                      "36,864 B/token; '' for a small 2 KiB/token geometry)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)

@@ -167,6 +167,7 @@ class Harness:
     on_start: Hook | None = None
     on_stop: Callable[[str], None] | None = None
     keep_serving: set[str] = field(default_factory=set)  # labels left running until close()
+    prefix: str = ""  # put before each run's label ("sweep " -> "sweep cache"), when one harness runs several
     runs: list[RunCapture] = field(default_factory=list)
     _deferred: list[Callable[[], None]] = field(default_factory=list)
 
@@ -180,8 +181,8 @@ class Harness:
 
     @contextmanager
     def attached(self, config: EngineConfig) -> Iterator[Engine]:
-        label = self.label_of(config)
-        run_dir = self.workdir / f"{len(self.runs)}-{label}"
+        label = self.prefix + self.label_of(config)
+        run_dir = self.workdir / f"{len(self.runs)}-{label.replace(' ', '-')}"
         run_dir.mkdir(parents=True, exist_ok=True)
         engine = TallyingEngine(config)
         server = ReferenceServer(engine)

@@ -13,11 +13,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvscope.agent.records import COMPONENTS
 from kvscope.agent.reference.engine import EngineConfig
 from kvscope.agent.reference.noise import NoiseSpec
 from kvscope.agent.reference.noisy_neighbour import PhaseView, run_noisy_neighbour
 from kvscope.agent.reference.scenarios import LoadResult
-from kvscope.agent.selftest.checks import COMPONENTS, SHARE_PP, Check, shares
+from kvscope.agent.selftest.checks import SHARE_PP, Check, shares
 
 MIB = 1 << 20
 
@@ -35,10 +36,11 @@ class NoisyPlan:
 
 
 def _truth_components(load: LoadResult) -> dict[str, float]:
-    out = {"queue": 0.0, "fetch": 0.0, "prefill": 0.0, "other": 0.0}
+    out = {"queue": 0.0, "fetch": 0.0, "offload": 0.0, "prefill": 0.0, "other": 0.0}
     for t in load.truths:
         out["queue"] += t.queue_s
         out["fetch"] += t.fetch_total_s
+        out["offload"] += t.offload_s
         out["prefill"] += t.prefill_compute_s
         out["other"] += t.other_s
     return out

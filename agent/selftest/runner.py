@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from kvscope import __version__
-from kvscope.agent.selftest.checks import Check, check_run
+from kvscope.agent.selftest.checks import Check, check_run, confidence_checks
 from kvscope.agent.selftest.harness import Harness, RunCapture
 from kvscope.agent.selftest.kvbm_stack import STACK, KvbmStackHarness, KvbmStackPlan, stack_checks
 from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
-from kvscope.agent.selftest.plans import SharedPromptsPlan, SweepPlan
+from kvscope.agent.selftest.plans import EvictionPlan, NarrowPlan, SharedPromptsPlan, SweepPlan
 from kvscope.collectors.host_inputs import block_device_of
 
-Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | KvbmStackPlan
+Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | EvictionPlan | NarrowPlan | KvbmStackPlan
 DEFAULT_PLANS: dict[str, Plan] = {
     # small geometry: real bytes, small files; queueing at concurrency 4 dominates TTFT
     "shared-prompts": SharedPromptsPlan(),
@@ -27,6 +27,10 @@ DEFAULT_PLANS: dict[str, Plan] = {
                             model="gpt-oss-120b"),
     # the seeds' G4 test quiet, then with competing I/O on G4's disk (O_DIRECT block files)
     "noisy-neighbour": NoisyPlan(),
+    # issue 12's repro at gpt-oss-120b's geometry: G1 keeps blocks and evicts them to G2 (offload)
+    "g1-eviction": EvictionPlan(),
+    # prompts of 1,650-1,800 tokens: the cost model must fall back to its prior and say so
+    "narrow-prompts": NarrowPlan(),
 }
 # the other stacks `kvscope selftest --stack` runs; the plans above are the vLLM stack's
 STACK_PLANS: dict[str, dict[str, Plan]] = {
@@ -84,6 +88,8 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
             for run in harness.runs:
                 rows.append((name, settle_check(run)))
                 rows.extend((name, c) for c in (stack_checks(run) if stack else check_run(run)))
+                if isinstance(plan, NarrowPlan):
+                    rows.extend((name, c) for c in confidence_checks(run))
     return rows, meta, captures
 
 
