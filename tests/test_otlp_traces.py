@@ -154,4 +154,4 @@ def test_options_validation() -> None:
     from kvscope.agent.config import ConfigError, bind
     with pytest.raises(ConfigError, match="listen"):
         bind(OtlpTracesOptions, {"listen": "nonsense"}, "collectors.otlp_traces")
-    assert bind(OtlpTracesOptions, {}, "collectors.otlp_traces").listen == "0.0.0.0:4318"
+    assert bind(OtlpTracesOptions, {}, "collectors.otlp_traces").listen == "127.0.0.1:4318"  # loopback by default
