@@ -2,30 +2,36 @@
 
 The serving itself — connections, TLS, auth, timeouts and limits — is agent/http_server.py; this module
 is what /metrics answers.
+
+Format negotiation follows the Accept header's preferences (RFC 9110 q-values): OpenMetrics 1.0.0 when
+the client names `application/openmetrics-text` (version 1.0.0, 0.0.1 or none) with a weight above 0
+and at least that of the text format; the text format 0.0.4 otherwise, also for no Accept header and
+for `*/*`. Prometheus asks for OpenMetrics first (`application/openmetrics-text;version=1.0.0,...,
+text/plain;version=0.0.4;q=0.5,*/*;q=0.1`), so that is what it gets: its `# EOF` lets Prometheus tell
+a whole page from one cut short. Both formats come from the same renderer at the same cost per
+sample (exporters/prometheus.py).
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
-from collections.abc import Callable
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from prometheus_client.openmetrics.exposition import generate_latest as _generate_openmetrics
 
 from kvscope.agent.http_messages import Request, Response, text
 from kvscope.agent.http_server import HttpLimits, HttpServer
 from kvscope.agent.store import Store
 from kvscope.agent.webconfig import WebConfig, load_web_config
-from kvscope.exporters.prometheus import StoreCollector, TextRenderer
+from kvscope.exporters.prometheus import TextRenderer
 
 log = logging.getLogger("kvscope.http")
-generate_openmetrics: Callable[[CollectorRegistry], bytes] = _generate_openmetrics
 
 # Our names are all legacy-valid, so the classic text format is exact; every Prometheus reads it.
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 MAX_BODY_BYTES = 4096  # /metrics takes no body; a small one is read and ignored
+_OPENMETRICS_VERSIONS = (None, "1.0.0", "0.0.1")
+_TEXT_VERSIONS = (None, "0.0.4")
+_NEGOTIATED_CACHE = 64  # distinct Accept headers remembered (a scraper sends the same one each time)
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
 <p><a href="/metrics">metrics</a></p></body></html>
@@ -39,8 +45,7 @@ class MetricsServer:
                  limits: HttpLimits | None = None) -> None:
         self.store = store
         self.renderer = TextRenderer(store)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StoreCollector(store))
+        self._negotiated: dict[str, bool] = {}
         self.httpd = HttpServer("metrics", host, port, self.serve, limits=limits, web=web,
                                 max_body_bytes=MAX_BODY_BYTES)
 
@@ -59,8 +64,14 @@ class MetricsServer:
         self.httpd.reload(load_web_config(self.httpd.web.path))
 
     def exposition(self, accept: str) -> tuple[bytes, str]:
-        if "application/openmetrics-text" in accept:
-            return generate_openmetrics(self.registry), OPENMETRICS_TYPE
+        openmetrics = self._negotiated.get(accept)
+        if openmetrics is None:
+            openmetrics = wants_openmetrics(accept)
+            if len(self._negotiated) >= _NEGOTIATED_CACHE:
+                self._negotiated.clear()
+            self._negotiated[accept] = openmetrics
+        if openmetrics:
+            return self.renderer.render_openmetrics(), OPENMETRICS_CONTENT_TYPE
         return self.renderer.render(), TEXT_CONTENT_TYPE
 
     def serve(self, request: Request) -> Response:
@@ -79,3 +90,27 @@ class MetricsServer:
         if path == "/":
             return Response(200, _INDEX, "text/html; charset=utf-8")
         return text(404, "not found")
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """Whether an Accept header prefers OpenMetrics to the text format (see the module docstring)."""
+    best_om = best_text = 0.0
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q, version = 1.0, None
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "q":
+                try:
+                    q = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    q = 0.0
+            elif key == "version":
+                version = value
+        media = media.lower()
+        if media == "application/openmetrics-text" and version in _OPENMETRICS_VERSIONS:
+            best_om = max(best_om, q)
+        elif (media == "text/plain" and version in _TEXT_VERSIONS) or media in ("text/*", "*/*"):
+            best_text = max(best_text, q)
+    return best_om > 0.0 and best_om >= best_text
