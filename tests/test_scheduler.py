@@ -63,7 +63,7 @@ def wait_for(predicate: object, timeout: float = 10.0) -> None:
 
 
 def test_failures_stay_isolated_and_metrics_keep_answering() -> None:
-    store = Store(Catalogue([*AGENT_METRICS, counter(TICKS, "", ("collector",), "ticks", "test")]))
+    store = ticks_store()
     healthy, raises, hangs = Healthy(), Raises(), Hangs()
     jobs = [
         collector_job("healthy", healthy, 0.02, 1.0),
@@ -122,21 +122,172 @@ def _kill_when_it_next_wakes(thread: threading.Thread) -> None:
     assert done == 1
 
 
+class Slow:
+    """Takes `seconds` on its first `slow_calls` calls, then answers at once; notes the threads it ran on."""
+
+    def __init__(self, seconds: float, slow_calls: int = 1) -> None:
+        self.seconds = seconds
+        self.slow_calls = slow_calls
+        self.n = 0
+        self.threads: list[str] = []
+
+    def collect(self) -> Iterable[Reading]:
+        self.n += 1
+        self.threads.append(threading.current_thread().name)
+        if self.n <= self.slow_calls:
+            time.sleep(self.seconds)
+        return [Sample(TICKS, ("slow",), float(self.n))]
+
+
+class Recording(Healthy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[str] = set()
+        self.times: list[float] = []
+
+    def collect(self) -> Iterable[Reading]:
+        self.threads.add(threading.current_thread().name)
+        self.times.append(time.monotonic())
+        return super().collect()
+
+
+def ticks_store() -> Store:
+    return Store(Catalogue([*AGENT_METRICS, counter(TICKS, "", ("collector",), "ticks", "test")]))
+
+
+def test_quick_jobs_share_one_thread() -> None:
+    jobs = [Recording() for _ in range(6)]
+    scheduler = Scheduler(ticks_store(), [collector_job(f"quick{i}", j, 0.02, 1.0) for i, j in enumerate(jobs)])
+    scheduler.start()
+    try:
+        wait_for(lambda: all(j.n >= 10 for j in jobs))
+        assert {name for j in jobs for name in j.threads} == {"kvscope-scheduler"}
+        assert scheduler.threads() == 2  # the scheduler thread and its watchdog, whatever the number of jobs
+        assert not scheduler.dedicated
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def test_a_slow_job_gets_its_own_thread_and_does_not_hold_up_the_others() -> None:
+    store = ticks_store()
+    slow, quick = Slow(0.6), Recording()
+    scheduler = Scheduler(store, [collector_job("slow", slow, 0.05, 2.0), collector_job("quick", quick, 0.05, 1.0)],
+                          inline_budget=0.05)
+    scheduler.start()
+    try:
+        wait_for(lambda: slow.n >= 4 and quick.n >= 20)
+        # the slow call began inline, was handed over after ~0.05 s, and its result still counted (within timeout)
+        assert slow.threads[0] == "kvscope-scheduler" and set(slow.threads[1:]) == {"collect-slow"}
+        assert set(scheduler.dedicated) == {"slow"}
+        assert store.value("kvscope_collector_errors_total", ("slow",)) == 0
+        assert store.value("kvscope_collector_up", ("slow",)) == 1.0
+        gaps = [b - a for a, b in zip(quick.times, quick.times[1:], strict=False)]
+        assert max(gaps) < 0.4  # the quick job waited for the hand-over (~0.05 s), not the slow call (0.6 s)
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def test_a_job_that_took_long_but_finished_moves_to_its_own_thread() -> None:
+    """The call ends before the watchdog looks: the scheduler thread itself sees it ran past its budget."""
+    skew = [0.0]
+
+    def clock() -> float:
+        return time.monotonic() + skew[0]
+
+    class JumpsTheClock(Slow):
+        def collect(self) -> Iterable[Reading]:
+            if self.n == 0:
+                skew[0] += 1.0  # the call "took" a second, in no time the watchdog could see
+            return super().collect()
+
+    slow = JumpsTheClock(0.0)
+    scheduler = Scheduler(ticks_store(), [collector_job("slow", slow, 0.02, 5.0)], clock=clock, inline_budget=0.5)
+    scheduler.start()
+    try:
+        wait_for(lambda: slow.n >= 3)
+        assert slow.threads[0] == "kvscope-scheduler" and set(slow.threads[1:]) == {"collect-slow"}
+        assert "slow" in scheduler.dedicated
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def test_stop_is_prompt_while_an_inline_call_hangs() -> None:
+    hangs = Hangs()
+    scheduler = Scheduler(ticks_store(), [collector_job("hangs", hangs, 0.02, 30.0)], inline_budget=30.0)
+    scheduler.start()
+    wait_for(lambda: hangs.calls == 1)
+    began = time.monotonic()
+    scheduler.stop(timeout=0.5)
+    assert time.monotonic() - began < 1.0
+    hangs.release.set()
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def collect(self) -> Iterable[Reading]:
+        self.calls += 1
+        raise SystemExit("a collector that calls sys.exit()")
+
+
+def test_a_job_raising_systemexit_is_an_error_not_the_end_of_the_scheduler() -> None:
+    store = ticks_store()
+    exits, healthy = Exits(), Healthy()
+    jobs = [collector_job("exits", exits, 0.02, 1.0), collector_job("healthy", healthy, 0.02, 1.0)]
+    scheduler = Scheduler(store, jobs, max_backoff=0.05)
+    scheduler.start()
+    try:
+        wait_for(lambda: exits.calls >= 3 and healthy.n >= 10)
+        assert store.value("kvscope_collector_up", ("exits",)) == 0.0
+        assert store.value("kvscope_collector_up", ("healthy",)) == 1.0
+        assert not scheduler.dedicated
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def _kill_when_it_next_wakes(thread: threading.Thread) -> None:
+    """Raise SystemExit in `thread` at its next Python instruction: the thread is idle in Event.wait(),
+    outside the try that takes a call's exceptions, so the next wake-up ends the thread."""
+    assert thread.ident is not None
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+    assert done == 1
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
-def test_a_worker_thread_that_died_is_reported_and_replaced() -> None:
-    store = Store(Catalogue([*AGENT_METRICS, counter(TICKS, "", ("collector",), "ticks", "test")]))
+def test_a_scheduler_thread_that_died_is_replaced() -> None:
     healthy = Healthy()
-    scheduler = Scheduler(store, [collector_job("worker-dies", healthy, 0.02, 0.2)], max_backoff=0.05)
+    scheduler = Scheduler(ticks_store(), [collector_job("healthy", healthy, 0.02, 0.2)], max_backoff=0.05)
     scheduler.start()
     try:
         wait_for(lambda: healthy.n >= 3)
+        (thread,) = [t for t in threading.enumerate() if t.name == "kvscope-scheduler"]
+        _kill_when_it_next_wakes(thread)
+        thread.join(5)
+        assert not thread.is_alive()
+        calls = healthy.n
+        wait_for(lambda: healthy.n >= calls + 3)  # a new scheduler thread runs it again
+        assert [t for t in threading.enumerate() if t.name == "kvscope-scheduler"] != [thread]
+    finally:
+        scheduler.stop(timeout=2)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
+def test_a_dedicated_worker_thread_that_died_is_reported_and_replaced() -> None:
+    store = ticks_store()
+    slow = Slow(0.1)  # its first call overruns the budget: the job moves to threads of its own
+    scheduler = Scheduler(store, [collector_job("worker-dies", slow, 0.02, 0.5)], max_backoff=0.05,
+                          inline_budget=0.05)
+    scheduler.start()
+    try:
+        wait_for(lambda: slow.n >= 3)
         (worker,) = [t for t in threading.enumerate() if t.name == "collect-worker-dies"]
         _kill_when_it_next_wakes(worker)
         worker.join(5)
         assert not worker.is_alive()
         wait_for(lambda: store.value("kvscope_collector_errors_total", ("worker-dies",)) == 1.0)
-        calls = healthy.n
-        wait_for(lambda: healthy.n >= calls + 3)  # a new worker runs it again
+        calls = slow.n
+        wait_for(lambda: slow.n >= calls + 3)  # a new worker runs it again
         assert store.value("kvscope_collector_up", ("worker-dies",)) == 1.0
         assert [t for t in threading.enumerate() if t.name == "collect-worker-dies"] != [worker]
     finally:
