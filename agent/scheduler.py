@@ -1,22 +1,32 @@
-"""The scheduler: every enabled collector and analysis on its own interval, with a timeout, in isolation.
+"""The scheduler: every enabled collector and analysis, each with a timeout, in isolation, on as few
+threads as it can.
 
-One thread runs every job's `collect()` / `run()` inline, in order of due time, so an idle agent wakes
-once per tick however many collectors it has. A watchdog thread watches the call in progress: a call that
-runs longer than INLINE_BUDGET (or its job's timeout, if that is shorter) is handed to a thread of its
-own, and a fresh scheduler thread carries on with the other jobs. That job keeps its own thread from then
-on (agent/scheduler_threads.py: a runner and a worker, the call's timeout enforced by the runner). A
-quick collector thus costs one call per tick and no thread switch; a slow or hanging one costs what it
-cost before, a runner and a worker of its own, and never delays the others by more than INLINE_BUDGET.
+When a job runs:
+
+- **On its interval** (engine adapters, KV events, analyses): every `interval` seconds.
+- **When read** (`Job.on_read`: the host collectors, whose values are the kernel's own counters): when a
+  reader asks for fresh values (`refresh()`: a scrape of /metrics, an OTLP metrics export, or an analysis
+  that reads host series) and its last run is at least 3/4 of its interval old. Nobody reading, nothing
+  collected: a sidecar scraped every 15 s reads the kernel once per scrape, as node_exporter does, not 15
+  times. Each on-read job also runs once at start, so a missing source is reported at once.
+
+Where it runs: one scheduler thread makes every call inline, in order of due time, so an idle agent
+wakes once per tick however many collectors it has. A watchdog thread watches the call in progress: a
+call that runs longer than INLINE_BUDGET (or its job's timeout, if shorter) is handed to threads of its
+own, and a fresh scheduler thread carries on with the other jobs. That job keeps its own threads from
+then on (agent/scheduler_threads.py). A quick collector thus costs one call and no thread switch; a slow
+or hanging one costs what it did before, a runner and a worker of its own, and never delays the others
+by more than INLINE_BUDGET.
 
 Isolation is the same either way. A job that raises, hangs past its timeout or returns garbage affects
 only itself: it reports `kvscope_collector_up=0` (`kvscope_analysis_up` for an analysis), counts
 `kvscope_collector_errors_total`, and is retried with exponential backoff. A hung call is never
 abandoned into a second concurrent call: the job is retried only once the stuck call has returned.
 Threads are daemons, so a collector stuck in a system call cannot keep the agent from shutting down.
+A reader waits for the runs it asked for at most REFRESH_WAIT seconds, then reads what the store holds.
 
 The scheduler thread takes whatever a call raises as that call's error. Should it end all the same, the
-watchdog starts a new one (the job whose call it was running reports up=0 for that run); a dedicated
-worker that ends is replaced by its runner in the same way.
+watchdog starts a new one; a dedicated worker that ends is replaced by its runner.
 """
 
 from __future__ import annotations
@@ -31,11 +41,12 @@ from kvscope.agent.scheduler_jobs import Call, Job, JobState, analysis_job, coll
 from kvscope.agent.scheduler_threads import DedicatedRunner
 from kvscope.agent.store import Store
 
-__all__ = ["INLINE_BUDGET", "Job", "Scheduler", "analysis_job", "collector_job"]
+__all__ = ["INLINE_BUDGET", "REFRESH_WAIT", "Job", "Scheduler", "analysis_job", "collector_job"]
 
 log = logging.getLogger("kvscope.scheduler")
 
-INLINE_BUDGET = 0.1  # seconds an inline call may run before its job gets a thread of its own
+INLINE_BUDGET = 0.1  # seconds an inline call may run before its job gets threads of its own
+REFRESH_WAIT = 1.0  # seconds a reader waits at most for the runs it asked for
 
 
 class Scheduler:
@@ -49,31 +60,45 @@ class Scheduler:
         inline_budget: float = INLINE_BUDGET,
     ) -> None:
         self.store = store
-        self.jobs = jobs
+        self.jobs: list[Job] = []
         self.max_backoff = max_backoff
         self.inline_budget = inline_budget
         self._clock = clock
         self._wall = wall_clock
         self._stop = threading.Event()
-        self._lock = threading.Lock()  # guards the hand-over of the call in progress
-        self._states = [JobState(job, store, clock, wall_clock, max_backoff) for job in jobs]
-        self._due: list[tuple[float, int, JobState]] = []  # the inline jobs' next runs (a heap)
+        self._wake = threading.Event()  # a reader asked for on-read runs, or stop
+        self._lock = threading.Lock()  # guards the call in progress, the queues and the run counts
+        self._ran = threading.Condition(self._lock)  # a run finished
+        self._states: list[JobState] = []
+        self._due: list[tuple[float, int, JobState]] = []  # timer runs, earliest first (a heap)
+        self._asked: list[JobState] = []  # on-read runs readers asked for, to make before any timer run
         self._current: Call | None = None  # the inline call in progress
         self._current_state: JobState | None = None
-        self._idle_until = 0.0  # when the scheduler thread next wakes, while it sleeps
+        self._idle_until = 0.0  # when the scheduler thread next wakes by itself, while it sleeps
         self._thread: threading.Thread | None = None
         self._generation = 0  # scheduler threads started; a thread whose number is not this one ends
         self._watchdog: threading.Thread | None = None
+        self._watch_wake = threading.Event()  # a call began before the watchdog's next look: look sooner
+        self._watch_at = 0.0  # when the watchdog looks next
         self.dedicated: dict[str, DedicatedRunner] = {}  # jobs that run on threads of their own, by name
+        for job in jobs:
+            self.add(job)
+
+    def add(self, job: Job) -> None:
+        """Adds a job (before start)."""
+        self.jobs.append(job)
+        self._states.append(JobState(job, self.store, self._clock, self._wall, self.max_backoff,
+                                     len(self._states), self._finished))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         now = self._clock()
-        for order, state in enumerate(self._states):
+        for state in self._states:
             state.health(up=True, duration=0.0, error=False, run=False)
             state.next_due = now
-            self._due.append((now, order, state))
+            state.in_flight = state.job.on_read  # its first run, below
+            self._due.append((now, state.order, state))
         heapq.heapify(self._due)
         with self._lock:
             self._start_thread()
@@ -82,6 +107,10 @@ class Scheduler:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
+        self._watch_wake.set()
+        for runner in list(self.dedicated.values()):
+            runner.ask()
         deadline = self._clock() + timeout
         threads = [self._thread, self._watchdog, *(r.thread for r in list(self.dedicated.values()))]
         for thread in threads:
@@ -105,49 +134,109 @@ class Scheduler:
                                         daemon=True)
         self._thread.start()
 
+    # -- readers -----------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Called by a reader of the store (another thread) before it reads: runs the on-read jobs whose
+        values are stale and waits for them, at most REFRESH_WAIT seconds. A job already running (slow or
+        hung) is not asked again: the reader gets its last values."""
+        with self._lock:
+            if self._thread is None:
+                return  # not started: the first runs are still to come
+            asked = self._ask_stale(self._clock())
+            if not asked:
+                return
+            deadline = self._clock() + min(REFRESH_WAIT, max(s.job.timeout for s, _ in asked))
+            while any(state.runs == runs for state, runs in asked):
+                remaining = deadline - self._clock()
+                if remaining <= 0 or self._stop.is_set():
+                    return
+                self._ran.wait(remaining)
+
+    def _ask_stale(self, now: float) -> list[tuple[JobState, int]]:
+        """Queues the stale on-read jobs (with the lock held); returns them with their run counts."""
+        asked = []
+        for state in self._states:
+            if state.job.on_read and not state.in_flight and state.stale(now):
+                state.in_flight = True
+                asked.append((state, state.runs))
+                runner = self.dedicated.get(state.job.name)
+                if runner is not None:
+                    runner.ask()
+                else:
+                    self._asked.append(state)
+        if self._asked:
+            self._wake.set()
+        return asked
+
+    def _finished(self, state: JobState) -> None:
+        with self._lock:
+            state.runs += 1
+            state.in_flight = False
+            self._ran.notify_all()
+
     # -- the scheduler thread ----------------------------------------------------------------------
 
+    def _next(self, now: float) -> JobState | None:
+        """The job to run now (with the lock held): asked on-read runs first, then a timer run that is due.
+        An analysis that reads host series goes back behind the on-read runs it makes stale ones ask for."""
+        if self._asked:
+            return self._asked.pop(0)
+        if not self._due or self._due[0][0] > now:
+            return None
+        state = heapq.heappop(self._due)[2]
+        if state.job.reads_on_read and self._ask_stale(now) and self._asked:
+            heapq.heappush(self._due, (now, state.order, state))
+            return self._asked.pop(0)
+        return state
+
     def _loop(self, generation: int) -> None:
-        due = self._due
-        while True:
+        while not self._stop.is_set():
+            now = self._clock()
             with self._lock:
                 if generation != self._generation:
                     return
-                next_due, _, state = due[0] if due else (self._clock() + 3600.0, 0, None)
-                self._idle_until = next_due
-            if self._stop.wait(max(0.0, next_due - self._clock())):
-                return
+                state = self._next(now)
+                if state is None:
+                    self._idle_until = self._due[0][0] if self._due else now + 3600.0
+                else:
+                    call = self._current = Call(now)
+                    self._current_state = state
+                    if now + min(self.inline_budget, state.job.timeout) < self._watch_at:
+                        self._watch_wake.set()  # a run a reader asked for: the watchdog did not expect it
             if state is None:
+                self._wake.wait(max(0.0, self._idle_until - now))
+                self._wake.clear()
                 continue
-            with self._lock:
-                if generation != self._generation:
-                    return
-                order = heapq.heappop(due)[1]
-                call = self._current = Call(self._clock())
-                self._current_state = state
-            error = state.begin()
-            if not error:
-                call.execute(state.job.run, self._clock)
-            with self._lock:
-                handed_off = self._current is not call
-                if not handed_off:
-                    self._current = self._current_state = None
-            call.done.set()
-            if handed_off:
-                return  # the job's own runner takes the call's outcome; a new thread runs the rest
-            next_due = state.finish(call.began, error) if error else state.finish_call(call)
+            if not self._run(state, call):
+                return
+
+    def _run(self, state: JobState, call: Call) -> bool:
+        """One inline call and its outcome; False when the watchdog handed the job over (this thread ends)."""
+        error = state.begin()
+        if not error:
+            call.execute(state.job.run, self._clock)
+        with self._lock:
+            handed_off = self._current is not call
+            if not handed_off:
+                self._current = self._current_state = None
+        call.done.set()
+        if handed_off:
+            return False  # the job's own runner takes the call's outcome; a new thread runs the rest
+        next_due = state.finish(call.began, error) if error else state.finish_call(call)
+        with self._lock:
             if call.ended - call.began > self.inline_budget and not self._stop.is_set():
-                with self._lock:  # slow, though it finished: from now on it runs beside the others
-                    self._dedicate(state, None, f"its last run took {call.ended - call.began:.3f} s")
-                continue
-            with self._lock:
-                heapq.heappush(due, (next_due, order, state))
+                # slow, though it finished: from now on it runs beside the others
+                self._dedicate(state, None, f"its last run took {call.ended - call.began:.3f} s")
+            elif not state.job.on_read:
+                heapq.heappush(self._due, (next_due, state.order, state))
+        return True
 
     # -- the watchdog ------------------------------------------------------------------------------
 
     def _watch(self) -> None:
         """Wakes when the call in progress could first overrun its budget, and when the scheduler thread may
-        have died: hands an overrunning job to a thread of its own, restarts a dead scheduler thread."""
+        have died: hands an overrunning job to threads of its own, restarts a dead scheduler thread."""
         while True:
             now = self._clock()
             with self._lock:
@@ -166,10 +255,13 @@ class Scheduler:
                     self._start_thread()
                     wait = 0.0
                 else:
-                    budget = min((min(self.inline_budget, s.job.timeout) for _, _, s in self._due),
+                    budget = min((min(self.inline_budget, s.job.timeout) for s in self._states),
                                  default=self.inline_budget)
                     wait = max(self._idle_until - now, 0.0) + budget
-            if self._stop.wait(wait):
+                self._watch_at = now + wait
+            self._watch_wake.wait(wait)
+            self._watch_wake.clear()
+            if self._stop.is_set():
                 return
 
     def _dedicate(self, state: JobState, call: Call | None, why: str,
@@ -177,7 +269,6 @@ class Scheduler:
         """Moves a job to threads of its own (with the lock held); `call` is its call in progress on
         `call_thread`, if any."""
         log.info("%s %s: %s; it runs on a thread of its own from now on", state.job.kind, state.job.name, why)
-        runner = DedicatedRunner(state, self._stop, self._clock, call, call_thread)
+        runner = DedicatedRunner(state, self._stop, self._clock, call, call_thread, self.refresh)
         self.dedicated[state.job.name] = runner
         runner.start()
-

@@ -29,16 +29,21 @@ class Job:
     kind: JobKind = "collector"  # which health series it reports under
     start: Callable[[], None] | None = None  # called (and retried) before the first run
     close: Callable[[], None] | None = None  # called once at stop
+    # run when its values are read (Scheduler.refresh), at most once per 3/4 interval, not on a timer
+    on_read: bool = False
+    # an analysis that reads on-read collectors' series: they are refreshed before each of its runs
+    reads_on_read: bool = False
 
 
-def collector_job(name: str, collector: Collector, interval: float, timeout: float) -> Job:
+def collector_job(name: str, collector: Collector, interval: float, timeout: float, on_read: bool = False) -> Job:
     # start() and close() are optional parts of the collector interface (push sources have them)
     return Job(name, collector.collect, interval, timeout, "collector",
-               getattr(collector, "start", None), getattr(collector, "close", None))
+               getattr(collector, "start", None), getattr(collector, "close", None), on_read)
 
 
 def analysis_job(name: str, analysis: Analysis, interval: float, timeout: float) -> Job:
-    return Job(name, analysis.run, interval, timeout, "analysis", None, getattr(analysis, "close", None))
+    return Job(name, analysis.run, interval, timeout, "analysis", None, getattr(analysis, "close", None),
+               reads_on_read=bool(getattr(analysis, "reads_host_series", False)))
 
 
 class Call:
@@ -66,8 +71,10 @@ class JobState:
     """A job's state between its runs: failures, backoff, the error last logged, when it is next due."""
 
     def __init__(self, job: Job, store: Store, clock: Callable[[], float], wall: Callable[[], float],
-                 max_backoff: float) -> None:
+                 max_backoff: float, order: int = 0, finished: Callable[[JobState], None] | None = None) -> None:
         self.job = job
+        self.order = order  # ties between jobs due at once go to the one listed first
+        self._finished = finished
         self._store = store
         self._clock = clock
         self._wall = wall
@@ -78,6 +85,13 @@ class JobState:
         self.failures = 0
         self.delay = job.interval  # the wait before the next run: the interval, or the backoff after a failure
         self.next_due = clock()
+        self.runs = 0  # runs finished, failed ones included
+        self.in_flight = False  # an on-read job asked for or running (set and cleared under the scheduler's lock)
+
+    def stale(self, now: float) -> bool:
+        """Whether an on-read job's values are old enough to collect again: 3/4 of its interval after its last
+        run (so two readers an interval apart share each run), or when its backoff after a failure ends."""
+        return now >= self.next_due - self.job.interval / 4
 
     def begin(self) -> str:
         """Before a call: the job's start(), until it has succeeded once. Returns an error, or ""."""
@@ -122,14 +136,22 @@ class JobState:
             self.health(up=False, duration=duration, error=True)
             self.delay = min(job.interval * 2.0 ** min(self.failures, 16), self._max_backoff)
             self.next_due = self._clock() + self.delay
-            return self.next_due
+            return self._done()
         if self._last_error:
             log.info("%s %s: recovered", job.kind, job.name)
         self.failures, self._last_error, self.delay = 0, "", job.interval
         self.health(up=True, duration=duration, error=False)
+        if job.on_read:  # its values are as fresh as this run
+            self.next_due = began + job.interval
+            return self._done()
         self.next_due += job.interval
         if self.next_due < self._clock():  # fell behind: skip missed ticks instead of bursting
             self.next_due = self._clock() + job.interval
+        return self._done()
+
+    def _done(self) -> float:
+        if self._finished is not None:
+            self._finished(self)
         return self.next_due
 
     def health(self, up: bool, duration: float, error: bool, run: bool = True) -> None:

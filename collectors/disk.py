@@ -274,4 +274,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc", "sys"),
+    on_read=True,
 )

@@ -143,4 +143,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc",),
+    on_read=True,
 )

@@ -191,4 +191,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc",),
+    on_read=True,
 )

@@ -63,4 +63,5 @@ SPEC = CollectorSpec(
     options=ProcessOptions,
     factory=build,
     metrics=METRICS,
+    on_read=True,
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+from collections.abc import Callable
 
 from kvscope.agent.http_messages import Request, Response, text
 from kvscope.agent.http_server import HttpLimits, HttpServer
@@ -42,8 +43,10 @@ class MetricsServer:
     """Serves the store on HOST:PORT from its own thread (a sink: `start()`, `stop()`, `reload()`)."""
 
     def __init__(self, store: Store, host: str, port: int, web: WebConfig | None = None,
-                 limits: HttpLimits | None = None) -> None:
+                 limits: HttpLimits | None = None, refresh: Callable[[], None] | None = None) -> None:
         self.store = store
+        # the scheduler's: collects what is collected when read (host collectors) before a scrape renders
+        self.refresh = refresh
         self.renderer = TextRenderer(store)
         self._negotiated: dict[str, bool] = {}
         self.httpd = HttpServer("metrics", host, port, self.serve, limits=limits, web=web,
@@ -81,6 +84,8 @@ class MetricsServer:
             return response
         path = request.path
         if path == "/metrics":
+            if self.refresh is not None:
+                self.refresh()
             body, ctype = self.exposition(request.headers.get("accept", "") or "")
             if "gzip" in (request.headers.get("accept-encoding") or "") and len(body) > 512:
                 return Response(200, gzip.compress(body, compresslevel=1), ctype, [("Content-Encoding", "gzip")])

@@ -12,7 +12,7 @@ import pytest
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter
 from kvscope.agent.readings import Reading, Sample
-from kvscope.agent.scheduler import Scheduler, collector_job
+from kvscope.agent.scheduler import Scheduler, analysis_job, collector_job
 from kvscope.agent.store import Store
 from kvscope.exporters.http import MetricsServer
 
@@ -20,12 +20,13 @@ TICKS = "kvscope_ticks_total"
 
 
 class Healthy:
-    def __init__(self) -> None:
+    def __init__(self, label: str = "healthy") -> None:
         self.n = 0
+        self.label = label
 
     def collect(self) -> Iterable[Reading]:
         self.n += 1
-        return [Sample(TICKS, ("healthy",), float(self.n))]
+        return [Sample(TICKS, (self.label,), float(self.n))]
 
 
 class Raises:
@@ -291,4 +292,92 @@ def test_a_dedicated_worker_thread_that_died_is_reported_and_replaced() -> None:
         assert store.value("kvscope_collector_up", ("worker-dies",)) == 1.0
         assert [t for t in threading.enumerate() if t.name == "collect-worker-dies"] != [worker]
     finally:
+        scheduler.stop(timeout=2)
+
+
+def runs(store: Store, name: str, kind: str = "collector") -> float:
+    return store.value(f"kvscope_{kind}_runs_total", (name,)) or 0.0
+
+
+def test_an_on_read_job_runs_at_start_then_only_when_read() -> None:
+    store = ticks_store()
+    host, timed = Healthy("host"), Healthy()
+    scheduler = Scheduler(store, [collector_job("host", host, 0.2, 1.0, on_read=True),
+                                  collector_job("timed", timed, 0.02, 1.0)])
+    scheduler.start()
+    try:
+        wait_for(lambda: timed.n >= 20)
+        assert host.n == 1  # its first run, at start; nobody read since
+        scheduler.refresh()  # a reader: the values are stale (older than 3/4 of 0.2 s), so it runs, and we wait
+        assert host.n == 2 and store.value(TICKS, ("host",)) == 2.0
+        scheduler.refresh()  # fresh: a second reader right after shares that run
+        assert host.n == 2
+        time.sleep(0.16)
+        scheduler.refresh()
+        assert host.n == 3
+        assert runs(store, "host") == 3 and scheduler.threads() == 2
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def test_a_scrape_collects_the_on_read_jobs_first() -> None:
+    store = ticks_store()
+    host = Healthy("host")
+    scheduler = Scheduler(store, [collector_job("host", host, 0.05, 1.0, on_read=True)])
+    server = MetricsServer(store, "127.0.0.1", 0, refresh=scheduler.refresh)
+    scheduler.start()
+    server.start()
+    try:
+        wait_for(lambda: host.n == 1)
+        for n in (2, 3, 4):
+            time.sleep(0.05)
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+            conn.request("GET", "/metrics")
+            assert f'kvscope_ticks_total{{collector="host"}} {n}.0' in conn.getresponse().read().decode()
+    finally:
+        scheduler.stop(timeout=2)
+        server.stop()
+
+
+class ReadsHost(Healthy):
+    reads_host_series = True
+
+    def run(self) -> Iterable[Reading]:
+        return self.collect()
+
+
+def test_an_analysis_that_reads_host_series_refreshes_them_before_each_run() -> None:
+    store = ticks_store()
+    host, analysis = Healthy(), ReadsHost()
+    scheduler = Scheduler(store, [collector_job("host", host, 0.02, 1.0, on_read=True),
+                                  analysis_job("reads", analysis, 0.05, 1.0)])
+    scheduler.start()
+    try:
+        wait_for(lambda: analysis.n >= 10)
+        assert abs(host.n - analysis.n) <= 1  # one host run before each window of the analysis
+    finally:
+        scheduler.stop(timeout=2)
+
+
+def test_a_reader_does_not_wait_long_for_a_hung_on_read_job() -> None:
+    store = ticks_store()
+    hangs, quick = Hangs(), Healthy()
+    scheduler = Scheduler(store, [collector_job("hangs", hangs, 0.02, 0.5, on_read=True),
+                                  collector_job("quick", quick, 0.02, 1.0, on_read=True)], max_backoff=0.1,
+                          inline_budget=0.05)
+    scheduler.start()
+    try:
+        wait_for(lambda: quick.n >= 1 and hangs.calls == 1)
+        for _ in range(5):
+            began = time.monotonic()
+            scheduler.refresh()
+            assert time.monotonic() - began < 0.8  # at most its timeout; once it is hung, not at all
+            time.sleep(0.05)
+        assert hangs.calls == 1 and quick.n >= 5  # never asked again while stuck; the other one ran each time
+        wait_for(lambda: store.value("kvscope_collector_up", ("hangs",)) == 0.0)  # past its 0.5 s timeout
+        hangs.release.set()
+        wait_for(lambda: (scheduler.refresh(), store.value("kvscope_collector_up", ("hangs",)) == 1.0)[1])
+        assert hangs.calls >= 2
+    finally:
+        hangs.release.set()
         scheduler.stop(timeout=2)
