@@ -5,10 +5,14 @@ When a job runs:
 
 - **On its interval** (engine adapters, KV events, analyses): every `interval` seconds.
 - **When read** (`Job.on_read`: the host collectors, whose values are the kernel's own counters): when a
-  reader asks for fresh values (`refresh()`: a scrape of /metrics, an OTLP metrics export, or an analysis
-  that reads host series) and its last run is at least 3/4 of its interval old. Nobody reading, nothing
-  collected: a sidecar scraped every 15 s reads the kernel once per scrape, as node_exporter does, not 15
-  times. Each on-read job also runs once at start, so a missing source is reported at once.
+  reader asks for fresh values (a scrape of /metrics, an OTLP metrics export, or an analysis that reads
+  host series) and its last run is at least 3/4 of its interval old. Nobody reading, nothing collected: a
+  sidecar scraped every 15 s reads the kernel once per scrape, as node_exporter does, not 15 times. Each
+  on-read job also runs once at start, so a missing source is reported at once.
+
+Readers: `read(fn)` runs `fn` (rendering /metrics) on the scheduler thread right after the stale on-read
+runs it asked for, so a scrape costs two thread switches (the server's event loop to this thread and
+back) and no more; `refresh()` is the blocking form for readers on threads of their own.
 
 Where it runs: one scheduler thread makes every call inline, in order of due time, so an idle agent
 wakes once per tick however many collectors it has. A watchdog thread watches the call in progress: a
@@ -36,6 +40,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 from kvscope.agent.scheduler_jobs import Call, Job, JobState, analysis_job, collector_job
 from kvscope.agent.scheduler_threads import DedicatedRunner
@@ -47,6 +54,19 @@ log = logging.getLogger("kvscope.scheduler")
 
 INLINE_BUDGET = 0.1  # seconds an inline call may run before its job gets threads of its own
 REFRESH_WAIT = 1.0  # seconds a reader waits at most for the runs it asked for
+
+
+@dataclass(eq=False)
+class _Read:
+    """A reader's function, to run once the on-read runs it asked for have finished (or `deadline` passed)."""
+
+    fn: Callable[[], Any]
+    future: Future[Any]
+    asked: list[tuple[JobState, int]]  # each job asked for, with its run count when asked
+    deadline: float
+
+    def ready(self, now: float) -> bool:
+        return now >= self.deadline or all(state.runs > runs for state, runs in self.asked)
 
 
 class Scheduler:
@@ -68,10 +88,10 @@ class Scheduler:
         self._stop = threading.Event()
         self._wake = threading.Event()  # a reader asked for on-read runs, or stop
         self._lock = threading.Lock()  # guards the call in progress, the queues and the run counts
-        self._ran = threading.Condition(self._lock)  # a run finished
         self._states: list[JobState] = []
         self._due: list[tuple[float, int, JobState]] = []  # timer runs, earliest first (a heap)
         self._asked: list[JobState] = []  # on-read runs readers asked for, to make before any timer run
+        self._reads: list[_Read] = []  # readers waiting for their on-read runs, oldest first
         self._current: Call | None = None  # the inline call in progress
         self._current_state: JobState | None = None
         self._idle_until = 0.0  # when the scheduler thread next wakes by itself, while it sleeps
@@ -116,6 +136,10 @@ class Scheduler:
         for thread in threads:
             if thread is not None:
                 thread.join(max(0.0, deadline - self._clock()))
+        with self._lock:
+            reads, self._reads = self._reads, []
+        for read in reads:  # a last answer with what the store holds, rather than none
+            self._answer(read)
         for job in self.jobs:
             if job.close is not None:
                 try:
@@ -136,22 +160,21 @@ class Scheduler:
 
     # -- readers -----------------------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Called by a reader of the store (another thread) before it reads: runs the on-read jobs whose
-        values are stale and waits for them, at most REFRESH_WAIT seconds. A job already running (slow or
-        hung) is not asked again: the reader gets its last values."""
+    def read(self, fn: Callable[[], Any], refresh: bool = True) -> Future[Any]:
+        """Runs `fn` on the scheduler thread, after the on-read jobs whose values are stale when `refresh`; its
+        result comes in the future. A job already running (slow or hung) is not asked again, and one on a
+        thread of its own is waited for at most REFRESH_WAIT: the reader then gets the last values."""
+        future: Future[Any] = Future()
         with self._lock:
-            if self._thread is None:
-                return  # not started: the first runs are still to come
-            asked = self._ask_stale(self._clock())
-            if not asked:
-                return
-            deadline = self._clock() + min(REFRESH_WAIT, max(s.job.timeout for s, _ in asked))
-            while any(state.runs == runs for state, runs in asked):
-                remaining = deadline - self._clock()
-                if remaining <= 0 or self._stop.is_set():
-                    return
-                self._ran.wait(remaining)
+            now = self._clock()
+            asked = self._ask_stale(now) if refresh and self._thread is not None else []
+            self._reads.append(_Read(fn, future, asked, now + REFRESH_WAIT))
+            self._wake.set()
+        return future
+
+    def refresh(self) -> None:
+        """Before a reader on a thread of its own reads the store: `read()` of nothing, waited for."""
+        self.read(lambda: None).result(REFRESH_WAIT + 5 * self.inline_budget + 1.0)
 
     def _ask_stale(self, now: float) -> list[tuple[JobState, int]]:
         """Queues the stale on-read jobs (with the lock held); returns them with their run counts."""
@@ -173,15 +196,27 @@ class Scheduler:
         with self._lock:
             state.runs += 1
             state.in_flight = False
-            self._ran.notify_all()
+            if self._reads:
+                self._wake.set()  # a reader may be waiting for this run
+
+    @staticmethod
+    def _answer(read: _Read) -> None:
+        try:
+            read.future.set_result(read.fn())
+        except BaseException as exc:  # the reader's to handle, like any call's outcome
+            read.future.set_exception(exc)
 
     # -- the scheduler thread ----------------------------------------------------------------------
 
-    def _next(self, now: float) -> JobState | None:
-        """The job to run now (with the lock held): asked on-read runs first, then a timer run that is due.
-        An analysis that reads host series goes back behind the on-read runs it makes stale ones ask for."""
+    def _next(self, now: float) -> JobState | _Read | None:
+        """What to do now (with the lock held): asked on-read runs first, then readers whose runs are done,
+        then a timer run that is due. An analysis that reads host series goes back behind the on-read runs
+        it asks for."""
         if self._asked:
             return self._asked.pop(0)
+        for i, read in enumerate(self._reads):
+            if read.ready(now):
+                return self._reads.pop(i)
         if not self._due or self._due[0][0] > now:
             return None
         state = heapq.heappop(self._due)[2]
@@ -196,19 +231,21 @@ class Scheduler:
             with self._lock:
                 if generation != self._generation:
                     return
-                state = self._next(now)
-                if state is None:
-                    self._idle_until = self._due[0][0] if self._due else now + 3600.0
-                else:
+                task = self._next(now)
+                if task is None:
+                    self._idle_until = min([self._due[0][0] if self._due else now + 3600.0,
+                                            *(r.deadline for r in self._reads)])
+                elif isinstance(task, JobState):
                     call = self._current = Call(now)
-                    self._current_state = state
-                    if now + min(self.inline_budget, state.job.timeout) < self._watch_at:
+                    self._current_state = task
+                    if now + min(self.inline_budget, task.job.timeout) < self._watch_at:
                         self._watch_wake.set()  # a run a reader asked for: the watchdog did not expect it
-            if state is None:
+            if task is None:
                 self._wake.wait(max(0.0, self._idle_until - now))
                 self._wake.clear()
-                continue
-            if not self._run(state, call):
+            elif isinstance(task, _Read):
+                self._answer(task)
+            elif not self._run(task, call):
                 return
 
     def _run(self, state: JobState, call: Call) -> bool:

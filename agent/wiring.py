@@ -118,8 +118,8 @@ def build_agent(
     enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
     context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled)
 
-    # readers of the store (the /metrics server, the OTLP exporter) call scheduler.refresh first: the
-    # host collectors run when read (agent.collect_on_read)
+    # readers of the store (the /metrics server, the OTLP exporter) go through the scheduler: the host
+    # collectors run when read (agent.collect_on_read)
     scheduler = Scheduler(store, [], max_backoff=config.agent.max_backoff, clock=clock, wall_clock=wall_clock)
     collectors: dict[str, Collector] = {}
     for name, (settings, options) in config.collectors.items():
@@ -154,7 +154,7 @@ def build_agent(
     if prom.enabled:
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
         server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http,
-                               refresh=scheduler.refresh)
+                               read=scheduler.read)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
 

@@ -17,6 +17,9 @@ from __future__ import annotations
 import gzip
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
 
 from kvscope.agent.http_messages import Request, Response, text
 from kvscope.agent.http_server import HttpLimits, HttpServer
@@ -32,6 +35,8 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 MAX_BODY_BYTES = 4096  # /metrics takes no body; a small one is read and ignored
 _OPENMETRICS_VERSIONS = (None, "1.0.0", "0.0.1")
 _TEXT_VERSIONS = (None, "0.0.4")
+# runs a function on the scheduler's thread (collecting what is stale first when the flag says so)
+Read = Callable[[Callable[[], Any], bool], "Future[Any]"]
 _NEGOTIATED_CACHE = 64  # distinct Accept headers remembered (a scraper sends the same one each time)
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
@@ -43,14 +48,15 @@ class MetricsServer:
     """Serves the store on HOST:PORT from its own thread (a sink: `start()`, `stop()`, `reload()`)."""
 
     def __init__(self, store: Store, host: str, port: int, web: WebConfig | None = None,
-                 limits: HttpLimits | None = None, refresh: Callable[[], None] | None = None) -> None:
+                 limits: HttpLimits | None = None, read: Read | None = None) -> None:
         self.store = store
-        # the scheduler's: collects what is collected when read (host collectors) before a scrape renders
-        self.refresh = refresh
         self.renderer = TextRenderer(store)
         self._negotiated: dict[str, bool] = {}
+        # The scheduler's read(): a scrape is answered on its thread, right after it has collected what is
+        # collected when read (the host collectors); other paths there too, without collecting.
+        run_app = None if read is None else (lambda r: read(partial(self.serve, r), r.path == "/metrics"))
         self.httpd = HttpServer("metrics", host, port, self.serve, limits=limits, web=web,
-                                max_body_bytes=MAX_BODY_BYTES)
+                                max_body_bytes=MAX_BODY_BYTES, run_app=run_app)
 
     @property
     def port(self) -> int:
@@ -84,8 +90,6 @@ class MetricsServer:
             return response
         path = request.path
         if path == "/metrics":
-            if self.refresh is not None:
-                self.refresh()
             body, ctype = self.exposition(request.headers.get("accept", "") or "")
             if "gzip" in (request.headers.get("accept-encoding") or "") and len(body) > 512:
                 return Response(200, gzip.compress(body, compresslevel=1), ctype, [("Content-Encoding", "gzip")])

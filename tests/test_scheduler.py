@@ -324,7 +324,7 @@ def test_a_scrape_collects_the_on_read_jobs_first() -> None:
     store = ticks_store()
     host = Healthy("host")
     scheduler = Scheduler(store, [collector_job("host", host, 0.05, 1.0, on_read=True)])
-    server = MetricsServer(store, "127.0.0.1", 0, refresh=scheduler.refresh)
+    server = MetricsServer(store, "127.0.0.1", 0, read=scheduler.read)
     scheduler.start()
     server.start()
     try:
