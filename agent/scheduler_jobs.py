@@ -85,6 +85,9 @@ class JobState:
         self.failures = 0
         self.delay = job.interval  # the wait before the next run: the interval, or the backoff after a failure
         self.next_due = clock()
+        prefix = f"kvscope_{job.kind}"
+        self._health_names = (f"{prefix}_up", f"{prefix}_duration_seconds", f"{prefix}_errors_total",
+                              f"{prefix}_runs_total")
         self.runs = 0  # runs finished, failed ones included
         self.in_flight = False  # an on-read job asked for or running (set and cleared under the scheduler's lock)
 
@@ -155,13 +158,8 @@ class JobState:
         return self.next_due
 
     def health(self, up: bool, duration: float, error: bool, run: bool = True) -> None:
-        now = self._wall()
-        labels, prefix = (self.job.name,), f"kvscope_{self.job.kind}"
-        store = self._store
-        store.set_gauge(f"{prefix}_up", labels, 1.0 if up else 0.0, now)
-        store.set_gauge(f"{prefix}_duration_seconds", labels, duration, now)
-        store.bump(f"{prefix}_errors_total", labels, 1.0 if error else 0.0, now)
-        store.bump(f"{prefix}_runs_total", labels, 1.0 if run else 0.0, now)
-        held, exported = store.size()
-        store.set_gauge("kvscope_store_series", ("held",), float(held), now)
-        store.set_gauge("kvscope_store_series", ("exported",), float(exported), now)
+        up_name, duration_name, errors_name, runs_name = self._health_names
+        labels = (self.job.name,)
+        self._store.update_internal(
+            [(up_name, labels, 1.0 if up else 0.0), (duration_name, labels, duration)],
+            [(errors_name, labels, 1.0 if error else 0.0), (runs_name, labels, 1.0 if run else 0.0)], self._wall())

@@ -163,11 +163,26 @@ class Store:
     def set_gauge(self, name: str, labels: LabelValues, value: float, now: float) -> None:
         """An agent-internal gauge (never owned by a collector, never dropped)."""
         with self._lock:
-            series = self._series_for((name, labels))
-            if series is None:
-                raise KeyError(f"{name}{labels} is not a catalogued gauge")
-            series.value = value
-            self._exported.add((name, labels))
+            self._set_locked(name, labels, value)
+
+    def _set_locked(self, name: str, labels: LabelValues, value: float) -> None:
+        series = self._series_for((name, labels))
+        if series is None:
+            raise KeyError(f"{name}{labels} is not a catalogued gauge")
+        series.value = value
+        self._exported.add((name, labels))
+
+    def update_internal(self, gauges: Iterable[tuple[str, LabelValues, float]],
+                        bumps: Iterable[tuple[str, LabelValues, float]], now: float) -> None:
+        """Several agent-internal gauges set and counters bumped under one lock (a job's health after each
+        run), then `kvscope_store_series` set to the held and exported counts."""
+        with self._lock:
+            for name, labels, value in gauges:
+                self._set_locked(name, labels, value)
+            for name, labels, by in bumps:
+                self._bump_locked(name, labels, by)
+            self._set_locked("kvscope_store_series", ("held",), float(len(self._series)))
+            self._set_locked("kvscope_store_series", ("exported",), float(len(self._exported)))
 
     def bump(self, name: str, labels: LabelValues, by: float, now: float) -> None:
         """An agent-internal counter (never dropped): add `by` (>= 0) to its total."""

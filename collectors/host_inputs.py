@@ -2,8 +2,9 @@
 reads, the kernel-counter number parser, device and interface name filters, the input-error counter,
 and which whole disk holds a path.
 
-Kernel files are read whole with one `open`/`read` each; callers pass paths built from the
-injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
+Kernel files are read whole, a file read every collection through a `KernelFile` (opened once, then
+re-read with one `pread` from offset 0: procfs and sysfs make a file's text anew at each read from the
+start); callers pass paths built from the injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,34 @@ REGEX_PREFIX = "re:"
 def read_text(path: str) -> str:
     with open(path, encoding="ascii", errors="replace") as fh:
         return fh.read()
+
+
+class KernelFile:
+    """A procfs or sysfs file read every collection. Opened at the first read and kept open; each read is one
+    `pread` from offset 0, which saves the open, close and text wrapper of `read_text` (about 15 µs of CPU a
+    file on the 2-core VM). An error closes it, so the next read opens the path again (and raises what
+    open() raises, naming the file, when it is gone)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        self._size = 16 * 1024  # grows to hold the whole file in one read
+
+    def read(self) -> str:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while len(data := os.pread(self._fd, self._size, 0)) >= self._size:
+                self._size *= 2
+        except OSError:
+            self.close()
+            raise
+        return data.decode("ascii", "replace")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 U64_DIGITS = len(str(2**64 - 1))  # 20
