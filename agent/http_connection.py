@@ -133,7 +133,7 @@ class Connection:
     async def _handle(self, request: Request) -> Response:
         server = self.server
         try:
-            return await asyncio.wrap_future(server.run_app(request))
+            return await server.run_app(request)
         except Exception:
             log.warning("%s: %s %s failed", server.name, request.method, request.path, exc_info=True)
             return Response(500, b"internal error\n")

@@ -32,8 +32,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ ACCEPT_BATCH = 16  # connections accepted per wake-up of the loop
 LOG_EVERY = 60.0  # seconds between two log lines of the same kind of trouble
 
 App = Callable[[Request], Response]
-RunApp = Callable[[Request], "Future[Response]"]  # runs the app for one request somewhere, its answer to come
+RunApp = Callable[[Request], Awaitable[Response]]  # runs the app for one request (on the event loop's thread)
 
 
 @dataclass
@@ -99,7 +99,7 @@ class HttpServer:
         self.app = app
         self.server_header = server_header
         self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
-        self.run_app: RunApp = run_app or (lambda request: self.pool.submit(self.app, request))
+        self.run_app: RunApp = run_app or self._on_pool
         self._refused = refused
         self._conns: OrderedDict[Connection, None] = OrderedDict()  # the longest waiting first
         self._starting = 0  # accepted sockets whose connection is being set up
@@ -109,6 +109,9 @@ class HttpServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._logged: dict[str, float] = {}
+
+    def _on_pool(self, request: Request) -> Awaitable[Response]:
+        return asyncio.get_running_loop().run_in_executor(self.pool, self.app, request)
 
     @property
     def address(self) -> tuple[str, int]:

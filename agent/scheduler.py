@@ -98,8 +98,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._generation = 0  # scheduler threads started; a thread whose number is not this one ends
         self._watchdog: threading.Thread | None = None
-        self._watch_wake = threading.Event()  # a call began before the watchdog's next look: look sooner
-        self._watch_at = 0.0  # when the watchdog looks next
+        self._watch_wake = threading.Event()  # poke(): a reader waits longer than the budget; look now
         self.dedicated: dict[str, DedicatedRunner] = {}  # jobs that run on threads of their own, by name
         for job in jobs:
             self.add(job)
@@ -174,7 +173,18 @@ class Scheduler:
 
     def refresh(self) -> None:
         """Before a reader on a thread of its own reads the store: `read()` of nothing, waited for."""
-        self.read(lambda: None).result(REFRESH_WAIT + 5 * self.inline_budget + 1.0)
+        future = self.read(lambda: None)
+        try:
+            future.result(self.inline_budget)
+        except TimeoutError:
+            self.poke()
+            future.result(REFRESH_WAIT + 5 * self.inline_budget + 1.0)
+
+    def poke(self) -> None:
+        """A reader's answer is late: the watchdog looks at the call in progress now. (Runs that readers ask
+        for do not wake the watchdog when they begin, unlike the runs it plans for: a reader pokes it if it
+        waits longer than the inline budget, which costs nothing when the answer comes in time.)"""
+        self._watch_wake.set()
 
     def _ask_stale(self, now: float) -> list[tuple[JobState, int]]:
         """Queues the stale on-read jobs (with the lock held); returns them with their run counts."""
@@ -238,8 +248,6 @@ class Scheduler:
                 elif isinstance(task, JobState):
                     call = self._current = Call(now)
                     self._current_state = task
-                    if now + min(self.inline_budget, task.job.timeout) < self._watch_at:
-                        self._watch_wake.set()  # a run a reader asked for: the watchdog did not expect it
             if task is None:
                 self._wake.wait(max(0.0, self._idle_until - now))
                 self._wake.clear()
@@ -295,7 +303,6 @@ class Scheduler:
                     budget = min((min(self.inline_budget, s.job.timeout) for s in self._states),
                                  default=self.inline_budget)
                     wait = max(self._idle_until - now, 0.0) + budget
-                self._watch_at = now + wait
             self._watch_wake.wait(wait)
             self._watch_wake.clear()
             if self._stop.is_set():

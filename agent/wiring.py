@@ -154,7 +154,7 @@ def build_agent(
     if prom.enabled:
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
         server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http,
-                               read=scheduler.read)
+                               scheduler=scheduler)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
 
