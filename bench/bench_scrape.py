@@ -91,7 +91,7 @@ def start_kvscope(port: int, log: Path, *config: str) -> subprocess.Popen[bytes]
     path.write_text("\n".join(config) + "\n")
     return subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(path),
                              "--log.level", "warning", f"--web.listen-address=127.0.0.1:{port}", *KVSCOPE_FLAGS],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))  # noqa: SIM115
+                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
 
 
 class Exporters:

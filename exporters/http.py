@@ -50,8 +50,9 @@ class MetricsServer:
         self.renderer = TextRenderer(store)
         self._negotiated: dict[str, bool] = {}
         self._scheduler = scheduler
+        run_app = None if scheduler is None else self._on_scheduler
         self.httpd = HttpServer("metrics", host, port, self.serve, limits=limits, web=web,
-                                max_body_bytes=MAX_BODY_BYTES, run_app=None if scheduler is None else self._on_scheduler)
+                                max_body_bytes=MAX_BODY_BYTES, run_app=run_app)
 
     @property
     def port(self) -> int:
