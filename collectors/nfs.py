@@ -111,6 +111,8 @@ def parse_mountstats(text: str) -> MountStats:
     statistics are most of the file (some 60 lines per NFSv4 mount) and are never looked at.
     """
     out = MountStats()
+    if " with fstype nfs" not in text:  # no NFS mount at all (every fstype of NFS_FSTYPES begins so)
+        return out
     starts = _mount_starts(text)
     for n, start in enumerate(starts):
         block = text[start:starts[n + 1] if n + 1 < len(starts) else len(text)]
