@@ -18,6 +18,8 @@ the agent. Connections, threads and timeouts are agent/http_server.py's, bounded
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import math
 import threading
@@ -149,6 +151,32 @@ def _span_id(raw: bytes, size: int) -> bytes | None:
     return bytes(raw) if len(raw) == size and any(raw) else None
 
 
+# OTLP/JSON writes trace and span ids as hex (the OTLP spec's exception to protobuf's JSON mapping, which
+# would read bytes fields as base64): field -> length in hex digits.
+_HEX_IDS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
+
+
+def _hex_ids_to_base64(tree: Any) -> Any:
+    """The request with every hex id of a span (and of its links) turned into the base64 protobuf expects.
+    A value that is not hex of the right length is left for the parser (a base64-writing client's)."""
+    if not isinstance(tree, dict):
+        return tree
+    for resource_spans in tree.get("resourceSpans") or ():
+        for scope_spans in (resource_spans.get("scopeSpans") or ()) if isinstance(resource_spans, dict) else ():
+            for span in (scope_spans.get("spans") or ()) if isinstance(scope_spans, dict) else ():
+                if isinstance(span, dict):
+                    for item in (span, *(link for link in span.get("links") or () if isinstance(link, dict))):
+                        for key, digits in _HEX_IDS.items():
+                            value = item.get(key)
+                            if isinstance(value, str) and len(value) == digits and _is_hex(value):
+                                item[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+    return tree
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
     """Decode an ExportTraceServiceRequest (protobuf or OTLP JSON). Raises ValueError on a bad body."""
     request = ExportTraceServiceRequest()
@@ -156,11 +184,12 @@ def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
         if content_type == PROTOBUF:
             request.ParseFromString(body)
         elif content_type == JSON:
-            json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+            tree = json.loads(body.decode("utf-8"))
+            json_format.ParseDict(_hex_ids_to_base64(tree), request, ignore_unknown_fields=True)
         else:
             raise ValueError(f"unsupported content type {content_type!r}")
-    except (DecodeError, json_format.ParseError, UnicodeDecodeError) as exc:
-        raise ValueError(f"undecodable body: {exc}") from None
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"undecodable body: {type(exc).__name__}: {str(exc)[:200]}") from None
     out = Decoded()
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
