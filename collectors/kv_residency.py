@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from itertools import chain, groupby
 from operator import attrgetter, countOf
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
-from kvscope.collectors.kv_blockset import BlockSet
 from kvscope.collectors.kv_event_schema import CLEARED, STORED
 from kvscope.collectors.kv_reuse import ReuseTracker
+
+if TYPE_CHECKING:
+    from kvscope.collectors.kv_blockset import BlockSet
 
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
@@ -64,7 +66,10 @@ class TierState:
     __slots__ = ("block_size", "known", "resident", "reuse")
 
     def __init__(self, max_tracked: int, known: bool, sample_rate: float = 1.0) -> None:
-        self.resident = BlockSet()
+        # imported here: numpy (~10 MiB of RSS) is loaded by an agent that tracks KV events, not by every one
+        from kvscope.collectors.kv_blockset import BlockSet
+
+        self.resident: BlockSet = BlockSet()
         self.known = known  # residency reflects every event since a known-empty state
         self.reuse = ReuseTracker(max_tracked, sample_rate)
         self.block_size = BLOCK_SIZE_UNSEEN  # see the BLOCK_SIZE_* values
