@@ -45,6 +45,7 @@ class LiveResult:
     applied: float  # block events the agent applied
     cpu: float  # seconds of agent CPU from the first batch to the last one applied
     seconds: float  # of sending
+    wall: float  # seconds from the first batch to the last one accounted for
     idle_cpu_per_s: float  # the agent's CPU per second before the first batch
     rss_mib: float  # at the end
     hwm_mib: float  # peak
@@ -60,7 +61,8 @@ class LiveResult:
 
     @property
     def core_share(self) -> float:
-        return self.cpu / self.seconds
+        """Of one core, while the events came and were handled."""
+        return self.cpu / max(self.wall, self.seconds)
 
     @property
     def scrape_ms(self) -> float:
@@ -78,7 +80,7 @@ class Agent:
         self.port = port
         self.proc = subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(config),
                                       f"--web.listen-address=127.0.0.1:{port}", *FLAGS], cwd=ROOT,
-                                     stdout=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # it warns of the end
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -136,7 +138,7 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
         c0, t0 = process_cpu(pid), time.monotonic()
         time.sleep(2.0)
         idle = (process_cpu(pid) - c0) / (time.monotonic() - t0)
-        c0 = process_cpu(pid)
+        c0, w0 = process_cpu(pid), time.monotonic()
         pub.stdin.write("go\n")
         pub.stdin.flush()
         scrapes: list[float] = []
@@ -155,8 +157,8 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
             if applied / events + dropped >= sent or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        cpu = process_cpu(pid) - c0
-        result = LiveResult(rate, events, sent, applied, cpu, float(sent_line[3]), idle,
+        cpu, wall = process_cpu(pid) - c0, time.monotonic() - w0 - 1.0  # less the publisher's closing pause
+        result = LiveResult(rate, events, sent, applied, cpu, float(sent_line[3]), wall, idle,
                             status_kib(pid, "VmRSS") / 1024, status_kib(pid, "VmHWM") / 1024,
                             dropped=dropped, missed=figures.get("kvscope_kv_events_missed_total", 0.0),
                             shed=figures.get("kvscope_kv_events_shed_total", 0.0), scrapes_ms=scrapes)
@@ -168,3 +170,46 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
         agent.stop()
         if pub.poll() is None:
             pub.kill()
+
+
+_BARE = """
+import sys, time, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.connect(sys.argv[1])
+print("ready", flush=True)
+n, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        while True:
+            s.recv(zmq.NOBLOCK); s.recv(); s.recv(); n += 1
+    except zmq.Again:
+        time.sleep(0.002) if n else s.poll(100)
+print(n, flush=True)
+"""
+
+
+def bare_floor(rate: float, events: int, seconds: float) -> float:
+    """CPU seconds per block event of a bare subscriber process (a SUB socket that only receives each
+    message's three frames, with the same 2 ms batching): what ZMQ and Python cost before any decoding."""
+    pub = subprocess.Popen([sys.executable, str(ROOT / "bench" / "kv_publisher.py"), "--rate", str(rate),
+                            "--events", str(events), "--seconds", str(seconds), "--wait"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert pub.stdin is not None and pub.stdout is not None
+    endpoint = pub.stdout.readline().split()[1]
+    bare = subprocess.Popen([sys.executable, "-c", _BARE, endpoint, str(seconds + 4)], stdout=subprocess.PIPE,
+                            text=True)
+    assert bare.stdout is not None
+    try:
+        bare.stdout.readline()
+        pub.stdout.readline()  # subscribed
+        time.sleep(0.5)
+        c0 = process_cpu(bare.pid)
+        pub.stdin.write("go\n")
+        pub.stdin.flush()
+        pub.stdout.readline()
+        cpu = process_cpu(bare.pid) - c0
+        received = int(bare.stdout.readline())
+        return cpu / max(received * events, 1)
+    finally:
+        for proc in (pub, bare):
+            if proc.poll() is None:
+                proc.kill()
