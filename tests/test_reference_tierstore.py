@@ -200,3 +200,16 @@ def test_clear_empties_every_tier(tmp_path: Path) -> None:
     store.clear()
     assert [store.resident(t) for t in (G1, G2, G3, G4)] == [0, 0, 0, 0]
     assert list((tmp_path / "g3").glob("*.kvb")) == []
+
+
+def test_every_use_of_a_block_already_in_g1_is_reported_as_a_reuse(tmp_path: Path) -> None:
+    """What vLLM announces for a request with kv_cache_report_mode=full: the engine publishes these only then."""
+    store, rec = make(tmp_path, g1=8)
+    a = blocks(3, seed=1)
+    serve(store, a)
+    rec.events.clear()
+    store.lookup(a)
+    store.fetch(a[:2], [G1, G1])  # the run found in G1 is reused...
+    store.put_computed(a[2])  # ...and so is a block computed while G1 still holds it
+    store.release()
+    assert rec.events == [BlockEvent("reused", G1, b) for b in a]

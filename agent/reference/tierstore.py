@@ -11,7 +11,8 @@ Policy (one thread drives it: the engine's device loop):
   down at once. That is the seeds' G4 test: G1 and G2 keep nothing, every reused block comes from G4
   through the host staging buffer.
 - a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
-Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
+Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher, and
+so is each use of a block already in G1 ("reused": vLLM announces those with kv_cache_report_mode=full).
 
 Offload on the request path: making room (an eviction cascade out of G1 or G2), storing a computed block
 down (write-through, for a G1 that keeps nothing) and waiting for a free write-behind buffer are timed
@@ -162,6 +163,7 @@ class TieredStore:
             if b.key in self.tiers[G1].lru:
                 self._touch(G1, b.key)
                 self.pinned.add(b.key)
+                self.observer.block_event(BlockEvent("reused", G1, b))
                 return
             slot = self._allocate(G1)
             stamp_block(self.g1.block(slot), self.template, b.key)
@@ -196,6 +198,7 @@ class TieredStore:
         if tier is G1:
             self._touch(G1, b.key)
             self.pinned.add(b.key)
+            self.observer.block_event(BlockEvent("reused", G1, b))
             return 0
         slot = self._allocate(G1)  # first: its eviction cascade may use the staging slots
         # room in G2 for the promoted copy is made before the fetch starts: it is offload, not fetch
