@@ -1,0 +1,128 @@
+"""From outcomes to shares and TTFT: the arithmetic on cases worked by hand, and the profile format."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from kvscope.agent.whatif.hierarchy import MISS
+from kvscope.agent.whatif.predict import Outcomes, offload_ratio, predict_ttft, replay, transport
+from kvscope.agent.whatif.profile import Cost, Measured, RequestSample, StreamProfile, TierFetch, dumps, loads
+from kvscope.agent.whatif.sizes import scenario
+
+G2_BW = 4e9  # bytes/s
+BYTES_PER_TOKEN = 36_864
+COST = Cost(a=4e-5, b=0.0, confident=True, fetch={"G2": TierFetch(G2_BW), "G3": TierFetch(1e9, via="G2"),
+                                                  "G4": TierFetch(None)})
+
+
+def outcomes(joint: dict[tuple[int, int], int]) -> Outcomes:
+    o = Outcomes()
+    for (today, then), n in joint.items():
+        for _ in range(n):
+            o.add(today, then)
+    return o
+
+
+def test_transport_rows_are_the_models_conditional_frequencies() -> None:
+    o = outcomes({(0, 0): 10, (1, 0): 3, (1, 1): 1, (MISS, 1): 2, (MISS, MISS): 8})
+    # 10 accesses of 32 tokens missed in the model; the engine recomputed 1,000 tokens (partial blocks included)
+    measured = Measured(2000.0, {"G1": 500.0, "G2": 500.0})
+    t = transport(o, measured, 32, 1.0, [100, 100, 0, 0])
+    assert t[0] == [1, 0, 0, 0, 0] and t[1] == [0.75, 0.25, 0, 0, 0]
+    assert t[MISS][1] == pytest.approx(2 * 32 / 1000) and sum(t[MISS]) == pytest.approx(1.0)
+    assert t[2] == [0, 0, 0, 0, 1]  # G3 off in the scenario and never served today: its tokens are recomputed
+
+
+def test_ttft_moves_by_the_compute_and_fetch_of_the_tokens_that_change_tier() -> None:
+    """A request of 1,000 tokens, 800 of them from G2 today; in the scenario G2 is gone and they are computed."""
+    requests = [RequestSample(ttft=0.5, prompt_tokens=1000, cached_tokens=800)]
+    measured = Measured(1000.0, {"G2": 800.0})
+    t = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
+    t[1] = [0, 0, 0, 0, 1.0]
+    predicted, notes = predict_ttft(requests, t, measured, COST, BYTES_PER_TOKEN, 32)
+    assert predicted is not None and not notes
+    fetch = 800 * BYTES_PER_TOKEN / G2_BW
+    assert predicted.mean == pytest.approx(0.5 + COST.a * 800 - fetch)
+    assert predicted.prefill_saved == pytest.approx(0.0)  # nothing is reused any more
+    unchanged, _ = predict_ttft(requests, [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)],
+                                measured, COST, BYTES_PER_TOKEN, 32)
+    assert unchanged is not None and unchanged.mean == pytest.approx(0.5)
+    assert unchanged.prefill_saved == pytest.approx(COST.a * 800 - fetch)
+
+
+def test_a_runs_tokens_move_together_so_the_median_is_not_smeared() -> None:
+    """Half of G2's runs go to G1, half are recomputed: the request is either fast or slow, never in between."""
+    requests = [RequestSample(ttft=0.1, prompt_tokens=1000, cached_tokens=900)]
+    t = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
+    t[1] = [0.5, 0, 0, 0, 0.5]
+    predicted, _ = predict_ttft(requests, t, Measured(1000.0, {"G2": 900.0}), COST, BYTES_PER_TOKEN, 32)
+    assert predicted is not None
+    assert sorted(round(x, 6) for _, x in predicted.samples) == sorted(
+        round(x, 6) for x in (0.1 - 900 * BYTES_PER_TOKEN / G2_BW, 0.1 - 900 * BYTES_PER_TOKEN / G2_BW + 900 * 4e-5))
+
+
+def test_blocks_from_g3_pay_the_host_hop_too() -> None:
+    requests = [RequestSample(ttft=0.2, prompt_tokens=100, cached_tokens=0)]
+    t = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
+    t[MISS] = [0, 0, 0.5, 0, 0.5]  # half the computed tokens would come from G3
+    predicted, _ = predict_ttft(requests, t, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32)
+    assert predicted is not None
+    fetch = 50 * BYTES_PER_TOKEN * (1 / 1e9 + 1 / G2_BW)
+    assert predicted.mean == pytest.approx(0.2 - COST.a * 50 + fetch)
+
+
+def test_what_was_never_measured_is_said_not_guessed() -> None:
+    requests = [RequestSample(ttft=0.2, prompt_tokens=100, cached_tokens=0, offload=0.01)]
+    t = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
+    t[MISS] = [0, 0, 0, 0.5, 0.5]
+    predicted, notes = predict_ttft(requests, t, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32)
+    assert predicted is None and "G4" in notes[0]
+    predicted, notes = predict_ttft(requests, t, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32, offload=None)
+    assert predicted is None and "offload" in notes[0]
+
+
+def test_offload_scales_with_the_blocks_evicted_from_g1() -> None:
+    today, bigger, none = Outcomes(), Outcomes(), Outcomes()
+    today.evictions, bigger.evictions = 100, 25
+    assert offload_ratio(today, bigger) == 0.25 and offload_ratio(today, none) == 0.0
+    assert offload_ratio(none, today) is None and offload_ratio(none, none) == 1.0
+    requests = [RequestSample(ttft=0.2, prompt_tokens=100, cached_tokens=0, offload=0.04)]
+    identity = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
+    predicted, _ = predict_ttft(requests, identity, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32, offload=0.0)
+    assert predicted is not None and predicted.mean == pytest.approx(0.16)  # no eviction: no offload
+
+
+def profile() -> StreamProfile:
+    trace = array("Q", [1, 2, 3, 1, 2, 3, 4, 1, 2, 2**64 - 1])
+    return StreamProfile("vllm", "m", "0", sample_rate=1.0, block_tokens=16, bytes_per_token=BYTES_PER_TOKEN,
+                         policy="inclusive", today=[2, 2, None, 0], size_sources={"G1": "engine"}, trace=trace,
+                         batches=array("I", [3, 4, 3]), warmup=3,
+                         measured=Measured(160.0, {"G1": 32.0, "G2": 16.0}), cost=COST,
+                         requests=[RequestSample(0.1, 48, 16, 0.001), RequestSample(0.2, 64, None)],
+                         notes=["G3: size unknown"])
+
+
+def test_the_profile_round_trips() -> None:
+    original = profile()
+    (back,) = loads(dumps([original]))
+    assert back == original
+    with pytest.raises(ValueError, match="format"):
+        loads(b'{"format": "something else"}')
+    broken = dumps([original]).replace(b'"batches":"AwAAAAQAAAADAAAA"', b'"batches":"AwAAAAQAAAA="')
+    with pytest.raises(ValueError, match="add up"):
+        loads(broken)
+
+
+def test_replay_counts_after_the_warm_up_in_tokens_of_what_was_looked_up() -> None:
+    """Worked by hand (G1 of 3 blocks, G2 of 2, inclusive): after warming up with [1 2], the steps [3 4] [1 2]
+    [5 6] [1 2] [3 4] find 1 in G2 and 2 in G1 twice, everything else is computed. Without G2, 1 is gone each
+    time, and so 2 is recomputed although G1 still holds it (the prefix rule)."""
+    p = StreamProfile("vllm", "m", "0", sample_rate=1.0, block_tokens=16, bytes_per_token=BYTES_PER_TOKEN,
+                      policy="inclusive", today=[3, 2, None, 0], trace=array("Q", [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 4]),
+                      batches=array("I", [2, 2, 2, 2, 2, 2]), warmup=2, measured=Measured(200.0, {}))
+    today, no_g2 = replay(p, [scenario("no-g2", {"G2": "0"})])
+    assert today.hit_tokens == [32.0, 32.0, 0.0, 0.0] and today.shares == [0.16, 0.16, 0.0, 0.0]
+    assert no_g2.hit_tokens == [0.0, 0.0, 0.0, 0.0] and no_g2.blocks == [3, 0, 0, 0]
+    assert today.ttft is None and "cost model" in today.notes[0]
