@@ -14,7 +14,7 @@ from kvscope.agent.whatif.sizes import scenario
 G2_BW = 4e9  # bytes/s
 BYTES_PER_TOKEN = 36_864
 COST = Cost(a=4e-5, b=0.0, confident=True, fetch={"G2": TierFetch(G2_BW), "G3": TierFetch(1e9, via="G2"),
-                                                  "G4": TierFetch(None)})
+                                                  "G4": TierFetch(None)}, store={"G2": 1e-10, "G3": None})
 
 
 def outcomes(joint: dict[tuple[int, int], int]) -> Outcomes:
@@ -80,14 +80,21 @@ def test_what_was_never_measured_is_said_not_guessed() -> None:
     predicted, notes = predict_ttft(requests, t, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32)
     assert predicted is None and "G4" in notes[0]
     predicted, notes = predict_ttft(requests, t, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32, offload=None)
-    assert predicted is None and "offload" in notes[0]
+    assert predicted is None and "never stored into" in notes[0]
 
 
-def test_offload_scales_with_the_blocks_evicted_from_g1() -> None:
-    today, bigger, none = Outcomes(), Outcomes(), Outcomes()
-    today.evictions, bigger.evictions = 100, 25
-    assert offload_ratio(today, bigger) == 0.25 and offload_ratio(today, none) == 0.0
-    assert offload_ratio(none, today) is None and offload_ratio(none, none) == 1.0
+def test_offload_scales_with_the_seconds_g1_s_evictions_spend_storing() -> None:
+    """Today G1 evicts 100 blocks into G2 (a copy); a larger G1 evicts 25; without G2 the 100 go to G3 files,
+    which cost 5x as much per byte."""
+    costs: dict[str, float | None] = {"G2": 1e-10, "G3": 5e-10, "G4": None}
+    today, bigger, no_g2, none = Outcomes(), Outcomes(), Outcomes(), Outcomes()
+    today.stores, bigger.stores, no_g2.stores = [0, 100, 0, 0], [0, 25, 0, 0], [0, 0, 100, 0]
+    assert offload_ratio(today, bigger, costs) == 0.25 and offload_ratio(today, none, costs) == 0.0
+    assert offload_ratio(today, no_g2, costs) == pytest.approx(5.0)
+    assert offload_ratio(none, today, costs) is None and offload_ratio(none, none, costs) == 1.0
+    g4 = Outcomes()
+    g4.stores = [0, 0, 0, 10]
+    assert offload_ratio(today, g4, costs) is None  # never stored into G4: its cost is not guessed
     requests = [RequestSample(ttft=0.2, prompt_tokens=100, cached_tokens=0, offload=0.04)]
     identity = [[1.0 if i == j else 0.0 for j in range(5)] for i in range(5)]
     predicted, _ = predict_ttft(requests, identity, Measured(100.0, {}), COST, BYTES_PER_TOKEN, 32, offload=0.0)
@@ -123,6 +130,18 @@ def test_replay_counts_after_the_warm_up_in_tokens_of_what_was_looked_up() -> No
                       policy="inclusive", today=[3, 2, None, 0], trace=array("Q", [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 4]),
                       batches=array("I", [2, 2, 2, 2, 2, 2]), warmup=2, measured=Measured(200.0, {}))
     today, no_g2 = replay(p, [scenario("no-g2", {"G2": "0"})])
-    assert today.hit_tokens == [32.0, 32.0, 0.0, 0.0] and today.shares == [0.16, 0.16, 0.0, 0.0]
-    assert no_g2.hit_tokens == [0.0, 0.0, 0.0, 0.0] and no_g2.blocks == [3, 0, 0, 0]
+    assert today.model_hit_tokens == [32.0, 32.0, 0.0, 0.0] and today.model_shares == [0.16, 0.16, 0.0, 0.0]
+    assert no_g2.model_hit_tokens == [0.0, 0.0, 0.0, 0.0] and no_g2.blocks == [3, 0, 0, 0]
     assert today.ttft is None and "cost model" in today.notes[0]
+
+
+def test_a_scenario_moves_what_the_engine_measured() -> None:
+    """The same replay with the engine's counters: today predicts exactly what was measured, and without G2 the
+    G2 tokens are recomputed (so are the G1 tokens that came after them), as the model says."""
+    p = StreamProfile("vllm", "m", "0", sample_rate=1.0, block_tokens=16, bytes_per_token=BYTES_PER_TOKEN,
+                      policy="inclusive", today=[3, 2, None, 0], trace=array("Q", [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 4]),
+                      batches=array("I", [2, 2, 2, 2, 2, 2]), warmup=2,
+                      measured=Measured(200.0, {"G1": 30.0, "G2": 34.0}))
+    today, no_g2 = replay(p, [scenario("no-g2", {"G2": "0"})])
+    assert today.hit_tokens == [30.0, 34.0, 0.0, 0.0] and today.shares == [0.15, 0.17, 0.0, 0.0]
+    assert no_g2.hit_tokens == [0.0, 0.0, 0.0, 0.0]

@@ -17,7 +17,7 @@ from kvscope.agent.selftest.runner import run_plans
 from kvscope.agent.selftest.whatif import WhatIfPlan, WhatIfResult, whatif_checks
 from kvscope.agent.whatif.hierarchy import TIERS
 from kvscope.agent.whatif.predict import Prediction, TtftPrediction
-from kvscope.agent.whatif.profile import StreamProfile
+from kvscope.agent.whatif.profile import Measured, StreamProfile
 from kvscope.agent.whatif.sizes import scenario
 
 
@@ -55,18 +55,21 @@ def capture(label: str, shares: list[float], ttfts: list[float], exposition: str
 def prediction(name: str, shares: list[float], ttft: float) -> Prediction:
     hit = [1000 * len(TTFTS) * s for s in shares]
     return Prediction(scenario(name, {}), [1, 1, 1, 0], False, hit, shares,
-                      TtftPrediction(ttft, ttft, 0.0, len(TTFTS), [(1.0, ttft)], [(1.0, 0.0)]), "high")
+                      TtftPrediction(ttft, ttft, 0.0, len(TTFTS), [(1.0, ttft)], [(1.0, 0.0)]), "high", [], hit,
+                      shares)
 
 
 TTFTS = [0.08, 0.12]  # mean 0.1
 
 
 def verdicts(predicted: list[float], ttft: float) -> dict[str, bool]:
-    today = prediction("today", [0.5, 0.2, 0.1, 0.0], 0.1)
-    exposition = "".join(f'kvscope_whatif_hit_tokens_total{{engine="reference",scenario="today",tier="{t}"}} {v}\n'
-                         for t, v in zip(TIERS, today.hit_tokens, strict=True))
-    result = WhatIfResult(StreamProfile("reference", "m", "0", 1.0, 32, 36_864, "inclusive", [1, 1, 1, 0]),
-                          [today, prediction("big", predicted, ttft)],
+    today, big = prediction("today", [0.5, 0.2, 0.1, 0.0], 0.1), prediction("big", predicted, ttft)
+    exposition = "".join(f'kvscope_whatif_hit_tokens_total{{engine="reference",scenario="{p.scenario.name}",'
+                         f'tier="{t}"}} {v}\n' for p in (today, big)
+                         for t, v in zip(TIERS, p.model_hit_tokens, strict=True))
+    result = WhatIfResult(StreamProfile("reference", "m", "0", 1.0, 32, 36_864, "inclusive", [1, 1, 1, 0],
+                                        measured=Measured(1000.0 * len(TTFTS), {})),
+                          [today, big],
                           capture("today cache", [0.5, 0.2, 0.1, 0.0], TTFTS, exposition),
                           {"big": capture("big cache", [0.6, 0.1, 0.05, 0.0], TTFTS)})
     return {f"{c.run.split(' ')[0]} {c.quantity}": c.passed for c in whatif_checks(result)}

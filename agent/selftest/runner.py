@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope import __version__
-from kvscope.agent.selftest.checks import Check, check_run, confidence_checks
+from kvscope.agent.selftest.checks import Check, check_run, confidence_checks, telemetry_checks
 from kvscope.agent.selftest.harness import Harness, RunCapture
 from kvscope.agent.selftest.kvbm_stack import STACK, KvbmStackHarness, KvbmStackPlan, stack_checks
 from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
@@ -76,7 +76,8 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
                                                 for r in harness.runs}}
             for run in harness.runs:
                 rows.append((name, settle_check(run)))
-                rows.extend((name, c) for c in (stack_checks(run) if stack else check_run(run)))
+                checks = stack_checks if stack else telemetry_checks if isinstance(plan, WhatIfPlan) else check_run
+                rows.extend((name, c) for c in checks(run))
                 if isinstance(plan, NarrowPlan):
                     rows.extend((name, c) for c in confidence_checks(run))
             if isinstance(plan, WhatIfPlan):

@@ -99,9 +99,7 @@ class WhatIfAnalysis:
         state.requests.extend(requests)
         if state.setup is None:
             return
-        per_access = state.setup.geometry.block_tokens / rate
-        for model, k, n in state.new_counts():
-            self._add(m.HIT_TOKENS, (*stream.labels, model.scenario.name, TIERS[k]), n * per_access)
+        self._export_hits(state)
         for model in state.models:
             name = model.scenario.name
             self._gauges[(m.CLAMPED, (*stream.labels, name))] = 1.0 if model.clamped else 0.0
@@ -116,6 +114,17 @@ class WhatIfAnalysis:
             self._gauges[(m.G1_HITS_SEEN, stream.labels)] = seen
         self._predict_ttft(state, now, requests)
 
+    def _export_hits(self, state: StreamState) -> None:
+        """Hit tokens per scenario and tier, as each model counts them (sampled counts × block tokens / R): a
+        counter that only grows and equals the replay of the same accesses. `kvscope what-if` moves the
+        engine's measured tokens by the models instead (predict.anchored), which leaves less sampling error."""
+        setup, labels = state.setup, state.stream.labels
+        assert setup is not None
+        per_access = setup.geometry.block_tokens / setup.sample_rate
+        for name, counts in state.new_counts().items():
+            for tier, n in zip(TIERS, counts, strict=True):
+                self._add(m.HIT_TOKENS, (*labels, name, tier), n * per_access)
+
     def _predict_ttft(self, state: StreamState, now: Counters, requests: list[RequestSample]) -> None:
         setup, labels = state.setup, state.stream.labels
         cost = self._cost(labels)
@@ -127,7 +136,7 @@ class WhatIfAnalysis:
         for model in state.models:
             t = transport(model.outcomes, measured, setup.geometry.block_tokens, setup.sample_rate, model.blocks)
             predicted, _ = predict_ttft(requests, t, measured, cost, self._bytes_per_token(setup, labels),
-                                        setup.geometry.block_tokens, offload_ratio(today, model.outcomes))
+                                        setup.geometry.block_tokens, offload_ratio(today, model.outcomes, cost.store))
             if predicted is None:
                 continue
             key = (labels, model.scenario.name, confidence)
@@ -218,7 +227,21 @@ class WhatIfAnalysis:
             bandwidth = store.value(cm.TIER_BANDWIDTH, (*labels, tier))
             latency = store.value(cm.TIER_LATENCY, (*labels, tier)) or 0.0
             fetch[tier] = TierFetch(bandwidth, latency, self._via(labels, tier))
-        return Cost(a, b, (store.value(cm.COST_CONFIDENT, labels) or 0.0) >= 1.0, fetch)
+        return Cost(a, b, (store.value(cm.COST_CONFIDENT, labels) or 0.0) >= 1.0, fetch, self._store_costs(labels))
+
+    def _store_costs(self, labels: Labels) -> dict[str, float | None]:
+        """Seconds per byte of storing a block G1 evicts into each tier: the engine's G1 -> tier store timer,
+        else (a tier G1 never stored into directly) its writes into that tier from G2 (a file write either way)."""
+        moved, spent = self._store.values(c.KV_TRANSFER_BYTES), self._store.values(c.KV_TRANSFER_SECONDS)
+        out: dict[str, float | None] = {}
+        for tier in TIERS[1:]:
+            out[tier] = None
+            for src in ("G1", "G2"):
+                n, seconds = moved.get((*labels, src, tier), 0.0), spent.get((*labels, src, tier))
+                if n > 0 and seconds is not None and tier != src:
+                    out[tier] = seconds / n
+                    break
+        return out
 
     def _via(self, labels: Labels, tier: str) -> str | None:
         """G2 when the engine brings this tier's blocks to G1 through host memory (its onboard bytes go to G2)."""

@@ -77,7 +77,8 @@ class Hierarchy:
         self._below: list[int | None] = [next((j for j in range(i + 1, len(TIERS)) if self.capacities[j] > 0), None)
                                          for i in range(len(TIERS))]
         self.counts = [0] * len(OUTCOMES)
-        self.evictions = [0] * len(TIERS)  # blocks that left each tier to make room (demoted or dropped)
+        # blocks G1's evictions wrote into each tier below (the store work an engine may do in the request's step)
+        self.g1_stores = [0] * len(TIERS)
         self._pinned: set[int] = set()
 
     @property
@@ -149,7 +150,6 @@ class Hierarchy:
         for keys in batches:
             self.access_batch(keys, chains.links(keys) if chains is not None else ())
 
-
     def _make_room(self, i: int) -> bool:
         """Evicts tier i's least recently used blocks (never the pinned one) until one more fits."""
         tier, cap, pinned = self.tiers[i], self.capacities[i], self._pinned
@@ -158,7 +158,6 @@ class Hierarchy:
             if victim is None:
                 return False  # all pinned: the block does not go in (the reference store drops it)
             del tier[victim]
-            self.evictions[i] += 1
             self._demote(i, victim)
         return True
 
@@ -169,7 +168,6 @@ class Hierarchy:
             tier.move_to_end(key)
             return
         if self.capacities[i] == 0:
-            self.evictions[i] += 1
             self._demote(i, key)
             return
         if self._make_room(i):
@@ -181,6 +179,8 @@ class Hierarchy:
             return
         if self.policy == "inclusive" and key in self.tiers[below]:
             return  # the lower copy is kept where it is (not touched): evicting costs no write
+        if i == 0:
+            self.g1_stores[below] += 1
         self._admit(below, key)
 
 

@@ -25,9 +25,10 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 
 METRICS = (
     counter(HIT_TOKENS, "tokens", (*_E, "scenario", "tier"),
-            "Prompt tokens the tier would have served at the scenario's sizes (scenario=today: the model at "
-            "today's sizes, to compare with kvscope_kv_hit_tokens_total). Predicted served share = rate of "
-            "this / rate of kvscope_kv_lookup_tokens_total.", _SRC),
+            "Prompt tokens the tier would have served at the scenario's sizes, as the model of the hierarchy counts "
+            "them (sampled accesses x block tokens / reuse_sample_rate). scenario=today is the model at today's "
+            "sizes: its distance from kvscope_kv_hit_tokens_total is the model's error, sampling included. "
+            "Predicted served share = rate of this / rate of kvscope_kv_lookup_tokens_total.", _SRC),
     gauge(CAPACITY_TOKENS, "tokens", (*_E, "scenario", "tier"),
           "Size of the tier in the scenario, in tokens (blocks x the KV events' block_size).", _SRC),
     gauge(CAPACITY_BYTES, "bytes", (*_E, "scenario", "tier"),

@@ -1,15 +1,16 @@
 """From replayed accesses to predictions: the share of looked-up tokens each tier serves, and TTFT.
 
 Shares. A model of the hierarchy at a scenario's sizes serves each sampled access from a tier or not at
-all (hierarchy.py); a sampled access stands for 1/R accesses of `block_tokens` tokens each, so the
-tokens tier k would serve are counts[k] × block_tokens / R, and its share is that over the tokens the
-engine looked up in the same period (its own counter: prompt tokens, partial last blocks included, which
-no tier ever serves).
+all (hierarchy.py). Models at today's sizes and at the scenario's are fed the same accesses, so for every
+access both outcomes are known: the fraction of the tokens tier k serves today that the scenario serves
+from k' (the transport T[k][k'], computed tokens included). The tokens tier k' would serve are today's, as
+the engine's own counters split them over the counted period, moved by T; their share is that over the
+tokens the engine looked up (partial last blocks included, which no tier ever serves). The model's own
+counts (counts[k] × block_tokens / R) are kept beside: at today's sizes, against the counters, they are
+the model's error.
 
-TTFT. Models today and the scenario are fed the same accesses, so for every access both outcomes are
-known: the fraction of tokens served by tier k today that the scenario serves from k' (the transport
-T[k][k'], misses included). Each recent request keeps its own measured TTFT and prompt; what changes is
-where its prompt's tokens come from:
+TTFT. Each recent request keeps its own measured TTFT and prompt; what changes is where its prompt's
+tokens come from:
 
     c  = its tokens by tier today: its measured reused tokens, split over G1..G4 as the engine's counters
          split them (a request source that gives no reused count, as vLLM's span: the counters' shares
@@ -21,8 +22,9 @@ with compute the correlation analysis' fitted prefill cost a·new + b·new·(2·
 tokens, and fetch(c) = Σ_k c_k × bytes/token × (1/BW_k + 1/BW_via) + L_k per tier fetched from, from its
 measured bandwidths and latencies (a tier whose blocks pass through host memory pays that hop too).
 An engine that evicts inside the request's step (the reference engine; KVBM) has measured offload in its
-requests: it is scaled by the scenario's blocks evicted from G1 over today's (a smaller G1 evicts more); an
-engine that stores asynchronously (vLLM's OffloadingConnector) has none. Queue and the rest stay as
+requests: it is scaled by the seconds the scenario's G1 evictions would spend storing blocks (into each
+tier, at what a byte stored there costs today) over today's (a smaller G1 evicts more; without G2 they go to
+files); an engine that stores asynchronously (vLLM's OffloadingConnector) has none. Queue and the rest stay as
 measured. Prefill saved = compute(P, 0) − compute(P − ctx', ctx') − fetch(c'). The figures carry the cost
 model's confidence.
 """
@@ -46,7 +48,8 @@ class Outcomes:
 
     counts: list[int] = field(default_factory=lambda: [0] * N)
     joint: list[list[int]] = field(default_factory=lambda: [[0] * N for _ in range(N)])  # [today][scenario]
-    evictions: int = 0  # blocks evicted from G1 to make room (the offload work an engine does on the way)
+    # blocks G1's evictions stored into each tier (index G1..G4): the offload an engine may do in the step
+    stores: list[int] = field(default_factory=lambda: [0] * len(TIERS))
 
     def add(self, today: int, scenario: int) -> None:
         self.counts[scenario] += 1
@@ -68,11 +71,13 @@ class Prediction:
     scenario: Scenario
     blocks: list[int]  # per tier G1..G4
     clamped: bool  # a capacity beyond what the model holds (max_blocks) was cut
-    hit_tokens: list[float]  # per tier G1..G4, over the counted period
+    hit_tokens: list[float]  # per tier G1..G4 over the counted period: today's measured tokens, moved (anchored)
     shares: list[float]  # of the looked-up tokens, per tier G1..G4 (NaN when nothing was looked up)
     ttft: TtftPrediction | None
     confidence: str  # "high" | "low" (the cost model's), "" without a TTFT prediction
     notes: list[str] = field(default_factory=list)
+    model_hit_tokens: list[float] = field(default_factory=list)  # the model's own counts × block tokens / R
+    model_shares: list[float] = field(default_factory=list)  # of today: the model against the measurement
 
 
 def transport(outcomes: Outcomes, measured: Measured, block_tokens: int, sample_rate: float,
@@ -99,6 +104,20 @@ def transport(outcomes: Outcomes, measured: Measured, block_tokens: int, sample_
         gained = [x * scale for x in gained]
         out[MISS] = [*gained, 1.0 - sum(gained)]
     return out
+
+
+def composition(measured: Measured) -> list[float]:
+    """Today's looked-up tokens by outcome (G1..G4, computed), as the engine's counters give them."""
+    hits = [measured.hit_tokens.get(tier, 0.0) for tier in TIERS]
+    return [*hits, max(0.0, measured.lookup_tokens - sum(hits))]
+
+
+def anchored(t: Sequence[Sequence[float]], measured: Measured) -> list[float]:
+    """Tokens each tier would serve: today's measured tokens by tier, moved by the transport (the model's own
+    today changes nothing). Sampling's largest error, which hot blocks are in the sample, falls on today's
+    composition, which the engine's counters give exactly; what is left is in T's conditional frequencies."""
+    now = composition(measured)
+    return [sum(now[k] * t[k][j] for k in range(N)) for j in range(MISS)]
 
 
 def _fetch_seconds(tokens: Sequence[float], cost: Cost, bytes_per_token: float, block_tokens: int) -> float:
@@ -140,12 +159,12 @@ def predict_ttft(requests: Sequence[RequestSample], t: Sequence[Sequence[float]]
                  bytes_per_token: float, block_tokens: int, offload: float | None = 1.0
                  ) -> tuple[TtftPrediction | None, list[str]]:
     """TTFT, prefill saved for the scenario whose transport from today is `t` (see the module docstring);
-    `offload`: the scenario's G1 evictions over today's (offload_ratio)."""
+    `offload`: the scenario's offload over today's (offload_ratio; None: not known)."""
     if not requests:
         return None, ["no recent requests with a TTFT (the correlation analysis attributes them)"]
     if measured.lookup_tokens <= 0:
         return None, ["the engine looked up no tokens in the counted period"]
-    hits = [measured.hit_tokens.get(tier, 0.0) for tier in TIERS]
+    hits = composition(measured)[:MISS]
     reused = sum(hits)
     rows = []
     aggregate = [0.0] * N
@@ -159,8 +178,8 @@ def predict_ttft(requests: Sequence[RequestSample], t: Sequence[Sequence[float]]
         for j in range(N):
             aggregate[j] = max(aggregate[j], now[j], *(c[j] for _, c in outcomes))
     if offload is None and any(r.offload for r in requests):
-        return None, ["the scenario evicts blocks from G1 and today nothing is: the offload time an eviction adds "
-                      "to TTFT was never measured"]
+        return None, ["the scenario's evictions store into a tier the engine never stored into from G1 today (or "
+                      "today nothing is evicted): what that adds to TTFT was never measured"]
     missing = _missing_bandwidth(aggregate, cost)
     if missing:
         return None, [f"no fetch bandwidth measured yet for {', '.join(missing)}: the engine has not fetched "
@@ -217,9 +236,14 @@ def prediction(profile: StreamProfile, scenario: Scenario, blocks: list[int], cl
                today: Outcomes) -> Prediction:
     """Shares and TTFT of one scenario from its replayed outcomes over the profile's counted period."""
     per_access = profile.block_tokens / profile.sample_rate
-    hit_tokens = [outcomes.counts[k] * per_access for k in range(MISS)]
+    model_hits = [outcomes.counts[k] * per_access for k in range(MISS)]
     lookup = profile.measured.lookup_tokens
-    shares = [h / lookup if lookup > 0 else math.nan for h in hit_tokens]
+    t = transport(outcomes, profile.measured, profile.block_tokens, profile.sample_rate, blocks)
+    hit_tokens = anchored(t, profile.measured)
+
+    def share(tokens: list[float]) -> list[float]:
+        return [h / lookup if lookup > 0 else math.nan for h in tokens]
+
     notes = []
     if clamped:
         notes.append(f"sizes beyond what the model holds ({profile.max_blocks} sampled blocks, i.e. "
@@ -229,36 +253,52 @@ def prediction(profile: StreamProfile, scenario: Scenario, blocks: list[int], cl
     if profile.cost is None:
         notes.append("no prefill cost model yet (the correlation analysis fits one from attributed requests)")
     else:
-        t = transport(outcomes, profile.measured, profile.block_tokens, profile.sample_rate, blocks)
         ttft, why = predict_ttft(profile.requests, t, profile.measured, profile.cost, profile.bytes_per_token,
-                                 profile.block_tokens, offload_ratio(today, outcomes))
+                                 profile.block_tokens, offload_ratio(today, outcomes, profile.cost.store))
         notes.extend(why)
     confidence = "" if ttft is None or profile.cost is None else ("high" if profile.cost.confident else "low")
-    return Prediction(scenario, blocks, clamped, hit_tokens, shares, ttft, confidence, notes)
+    return Prediction(scenario, blocks, clamped, hit_tokens, share(hit_tokens), ttft, confidence, notes,
+                      model_hits, share(model_hits))
 
 
 def feed(today: Hierarchy, today_outcomes: Outcomes, others: Sequence[tuple[Hierarchy, Outcomes]],
          batch: list[int], chained: Sequence[bool]) -> None:
     """One engine step's accesses through today's model and every scenario's, counting outcomes jointly."""
-    evicted = today.evictions[0]
+    stored = list(today.g1_stores)
     base = today.access_batch(batch, chained)
-    today_outcomes.evictions += today.evictions[0] - evicted
+    today_outcomes.stores = [n + now - then for n, now, then in zip(today_outcomes.stores, today.g1_stores, stored,
+                                                                   strict=True)]
     for b in base:
         today_outcomes.add(b, b)
     for h, o in others:
-        evicted = h.evictions[0]
+        stored = list(h.g1_stores)
         add = o.add
         for b, outcome in zip(base, h.access_batch(batch, chained), strict=True):
             add(b, outcome)
-        o.evictions += h.evictions[0] - evicted
+        o.stores = [n + now - then for n, now, then in zip(o.stores, h.g1_stores, stored, strict=True)]
 
 
-def offload_ratio(today: Outcomes, scenario: Outcomes) -> float | None:
-    """How much the scenario's offload work on the request path differs from today's: the ratio of blocks
-    evicted from G1 (None: nothing is evicted today, so the cost of an eviction was never measured)."""
-    if today.evictions == 0:
-        return 1.0 if scenario.evictions == 0 else None
-    return scenario.evictions / today.evictions
+def offload_ratio(today: Outcomes, scenario: Outcomes, store_cost: dict[str, float | None]) -> float | None:
+    """How much the scenario's offload work on the request path differs from today's: the seconds of the blocks
+    G1's evictions store into each tier, weighed by what storing a byte into that tier costs today
+    (`store_cost`, seconds per byte), over today's. None: the scenario stores into a tier whose cost was
+    never measured, or evicts where today nothing is."""
+    def seconds(o: Outcomes) -> float | None:
+        total = 0.0
+        for tier, n in zip(TIERS, o.stores, strict=True):
+            if n:
+                cost = store_cost.get(tier)
+                if cost is None:
+                    return None
+                total += n * cost
+        return total
+
+    now, then = seconds(today), seconds(scenario)
+    if now is None or then is None:
+        return None
+    if now <= 0:
+        return 1.0 if then <= 0 else None
+    return then / now
 
 
 def _batches_before(profile: StreamProfile) -> int:

@@ -47,6 +47,8 @@ class Cost:
     b: float  # s/token²
     confident: bool  # False: the model kept its prior's shape (kvscope_prefill_cost_confident 0)
     fetch: dict[str, TierFetch] = field(default_factory=dict)
+    # seconds per byte of storing a block evicted from G1 into each tier, from the engine's transfer counters
+    store: dict[str, float | None] = field(default_factory=dict)
 
     def compute(self, new: float, ctx: float) -> float:
         return self.a * new + self.b * new * (2.0 * ctx + new)
@@ -136,7 +138,8 @@ class StreamProfile:
                               {str(k): float(v) for k, v in d["measured"]["hit_tokens"].items()}),
             cost=None if cost is None else Cost(float(cost["a"]), float(cost["b"]), bool(cost["confident"]), {
                 str(t): TierFetch(None if f["bandwidth"] is None else float(f["bandwidth"]), float(f["latency"]),
-                                  f.get("via")) for t, f in cost["fetch"].items()}),
+                                  f.get("via")) for t, f in cost["fetch"].items()},
+                {str(t): None if v is None else float(v) for t, v in cost.get("store", {}).items()}),
             requests=[RequestSample(float(r[0]), int(r[1]), None if r[2] is None else int(r[2]),
                                     None if len(r) < 4 or r[3] is None else float(r[3])) for r in d["requests"]],
             max_blocks=int(d.get("max_blocks", 1 << 17)), dropped=int(d.get("dropped", 0)),

@@ -1,6 +1,6 @@
 """`kvscope what-if`'s answer as text and JSON: per scenario, the tier sizes, the share of looked-up tokens
-each tier would serve, and TTFT; today's model beside what the engine measured, so the model's own error
-at today's sizes is in view."""
+each tier would serve, and TTFT; the model at today's sizes beside what the engine measured, so the
+model's own error is in view (a scenario's shares are the measured ones moved by the model)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,13 @@ def table(profile: StreamProfile, predictions: Sequence[Prediction]) -> str:
             "TTFT p50", "saved/req", "confidence"]
     rows = []
     for p in predictions:
-        served = [s for s in p.shares if not math.isnan(s)]
+        today = p.scenario.name == "today"
+        shares = p.model_shares if today else p.shares  # today: the model itself, to set against the measurement
+        served = [s for s in shares if not math.isnan(s)]
         computed = 1 - sum(served) if served else math.nan
         ttft = p.ttft
-        rows.append([p.scenario.name if p.scenario.name != "today" else "today (model)",
-                     *(_size(profile, b) for b in p.blocks), *(_pct(s) for s in p.shares), _pct(computed),
+        rows.append([p.scenario.name if not today else "today (model)",
+                     *(_size(profile, b) for b in p.blocks), *(_pct(s) for s in shares), _pct(computed),
                      _ms(ttft.mean if ttft else None), _ms(ttft.p50 if ttft else None),
                      _ms(ttft.prefill_saved if ttft else None), p.confidence or "—"])
         if p.scenario.name == "today":
@@ -111,6 +113,7 @@ def as_json(profile: StreamProfile, predictions: Sequence[Prediction]) -> dict[s
             "bytes": {t: b * profile.block_tokens * profile.bytes_per_token if profile.bytes_per_token else None
                       for t, b in zip(TIERS, p.blocks, strict=True)},
             "shares": {t: num(s) for t, s in zip(TIERS, p.shares, strict=True)},
+            "model_shares": {t: num(s) for t, s in zip(TIERS, p.model_shares, strict=True)},
             "ttft_mean": num(p.ttft.mean) if p.ttft else None, "ttft_p50": num(p.ttft.p50) if p.ttft else None,
             "prefill_saved_per_request": num(p.ttft.prefill_saved) if p.ttft else None,
             "confidence": p.confidence or None, "clamped": p.clamped, "notes": p.notes,

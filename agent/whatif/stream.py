@@ -70,7 +70,7 @@ class StreamState:
         self.counted_from = Counters()  # the trace's counted period starts here
         self.models_from = Counters()  # the models' counting starts here
         self.requests: deque[RequestSample] = deque(maxlen=requests)
-        self.exported: dict[tuple[str, int], int] = {}  # (scenario, outcome) -> counts already exported
+        self.exported: dict[str, list[int]] = {}  # scenario -> its model's counts already exported, per tier
 
     def build(self, setup: Setup, now: Counters, complete: bool) -> None:
         """(Re)builds the models for `setup` and replays the trace into them. When the trace holds every
@@ -150,13 +150,12 @@ class StreamState:
             feed(models[0].hierarchy, models[0].outcomes, [(m.hierarchy, m.outcomes) for m in models[1:]], keys,
                  chained)
 
-    def new_counts(self) -> list[tuple[Model, int, int]]:
-        """(model, outcome, accesses since the last call) for every model and tier outcome that grew."""
-        out = []
+    def new_counts(self) -> dict[str, list[int]]:
+        """Accesses each model served from each tier since the last call, by scenario."""
+        out = {}
         for m in self.models:
-            for k in range(MISS):
-                done = self.exported.get((m.scenario.name, k), 0)
-                if m.outcomes.counts[k] > done:
-                    out.append((m, k, m.outcomes.counts[k] - done))
-                    self.exported[(m.scenario.name, k)] = m.outcomes.counts[k]
+            counts = m.outcomes.counts[:MISS]
+            done = self.exported.get(m.scenario.name, [0] * MISS)
+            out[m.scenario.name] = [now - then for now, then in zip(counts, done, strict=True)]
+            self.exported[m.scenario.name] = counts
         return out
