@@ -89,7 +89,8 @@ def agent_config(engine: WatchedEngine, listen: str = "0.0.0.0:9474",
     if engine.kv_events:
         sizes = {t: f"{n}B" for t, n in (engine.file_tier_bytes or {}).items()}
         lines += ["[analyses.whatif]  # hit shares and TTFT at other tier sizes (kvscope what-if)",
-                  f"tier_sizes = {_table(sizes)}  # G3/G4 (vLLM's /metrics sizes only G1 and G2)"]
+                  f"tier_sizes = {_table(sizes)}  # G3/G4 (vLLM's /metrics sizes only G1 and G2)",
+                  'recording = "kvscope_whatif.json"  # kvscope what-if --recording reads it']
         if not engine.reports_reuse:
             lines.append("# G1 hits are not in the KV events: start serve with --kv-cache-report-mode full")
         lines.append("")

@@ -99,6 +99,7 @@ class WhatIfPlan:
             urls[label].removesuffix("/metrics") + "/whatif/profile"))
         harness.prefix = "today "
         run_load(self.config(data_dir / "today", self.today), "today", order, self.concurrency, harness.attached)
+        (harness.workdir / "whatif-profile.json").write_bytes(profiles["today cache"])  # kvscope what-if --recording
         (profile,) = loads(profiles["today cache"])
         predictions = replay(profile, self.named())
         result = WhatIfResult(profile, predictions, harness.runs[-1])
