@@ -15,14 +15,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,web,reference,dashboards,otlp,otlp-grpc]'
 	touch $@
 
-# promtool and prometheus, amtool and alertmanager (tests), node_exporter and fio (benchmarks) from Debian's
-# packages when missing.
+# promtool and prometheus, amtool and alertmanager, ss and mkfs.ext4 (tests), node_exporter and fio
+# (benchmarks) from Debian's packages when missing.
 tools:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null || missing="$$missing prometheus-node-exporter"; \
 	command -v fio >/dev/null || missing="$$missing fio"; \
+	command -v ss >/dev/null || missing="$$missing iproute2"; \
+	command -v mkfs.ext4 >/dev/null || missing="$$missing e2fsprogs"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing from Debian:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from kvscope import __version__
 from kvscope.agent import extras, flags, logs, preflight
 from kvscope.agent.config import Config, ConfigError, load_config_file
-from kvscope.agent.wiring import build_agent, build_catalogue, components
+from kvscope.agent.wiring import Agent, build_agent, build_catalogue, components
 
 log = logging.getLogger("kvscope")
 
@@ -59,14 +59,15 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"exporters.prometheus.listen: cannot bind {config.exporters.prometheus.listen}: "
                           f"{exc.strerror}") from None
-    stop = threading.Event()
+    received: list[int] = []
+    wake = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
+        received.append(signum)
+        wake.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     agent.start()
     enabled = [j.name for j in agent.scheduler.jobs]
     where = ""
@@ -74,10 +75,30 @@ def _run(args: argparse.Namespace) -> int:
         host = config.exporters.prometheus.listen.rpartition(":")[0]
         where = f" on {host}:{agent.server.port}/metrics"
     log.info("kvscope %s running%s; collectors and analyses: %s", __version__, where, ", ".join(enabled) or "none")
-    stop.wait()
+    _wait_for_stop(agent, received, wake)
     agent.stop()
     log.info("stopped")
     return 0
+
+
+def _wait_for_stop(agent: Agent, received: list[int], wake: threading.Event) -> None:
+    """Until SIGTERM or SIGINT. SIGHUP re-reads the web config files (TLS certificates, users) in place;
+    one that fails to load is logged and the previous one stays in force. The signal handlers only record
+    the signal: the work happens here, on the main thread."""
+    while True:
+        wake.wait()
+        wake.clear()
+        signums, received[:] = list(received), []
+        for signum in signums:
+            name = signal.Signals(signum).name
+            if signum != signal.SIGHUP:
+                log.info("received %s, shutting down", name)
+                return
+            problems = agent.reload()
+            for line in problems:
+                log.error("received SIGHUP: %s; the previous web config stays in force", line)
+            if not problems:
+                log.info("received SIGHUP: web config files re-read")
 
 
 def _config_check(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from kvscope.agent.binding import ConfigError as ConfigError
 from kvscope.agent.binding import Override, bind, env_overrides, positive, set_path
+from kvscope.agent.http_server import HttpLimits
 from kvscope.agent.pipeline import Components
 
 DEFAULT_PORT = 9474  # 9100 is node_exporter, 9400 DCGM exporter, 8000 vLLM's API server
@@ -59,9 +60,11 @@ class PrometheusSection:
     listen: str = f"0.0.0.0:{DEFAULT_PORT}"
     # Prometheus exporter-toolkit web config (tls_server_config, basic_auth_users); "" = plain HTTP
     web_config_file: str = ""
+    http: HttpLimits = field(default_factory=HttpLimits)  # connections, threads and timeouts (docs/security.md)
 
     def validate(self, path: str) -> None:
         parse_listen(f"{path}.listen", self.listen)
+        self.http.validate(f"{path}.http")
 
 
 @dataclass
@@ -281,5 +284,5 @@ def defaults_toml(components: Components) -> str:
             lines.append(f"enabled = {_toml_value(spec.enabled_by_default)}")
             lines.append("# interval = (agent.interval)")
             lines.append("# timeout = (agent.timeout)")
-            lines.extend(_table("x", spec.options())[1:])
+            lines.extend(_table(f"{kind}.{name}", spec.options())[1:])
     return "\n".join(lines)

@@ -74,6 +74,9 @@ PREEMPTIONS = "kvscope_preemptions_total"
 KV_LOAD_SECONDS = "kvscope_kv_load_seconds"
 KV_STORE_SECONDS = "kvscope_kv_store_seconds"
 KV_CACHED_TOKENS = "kvscope_kv_cached_tokens_total"
+PEER_TRANSFER_BYTES = "kvscope_kv_peer_transfer_bytes_total"
+PEER_TRANSFER_SECONDS = "kvscope_kv_peer_transfer_seconds_total"
+PEER_TRANSFER_FAILURES = "kvscope_kv_peer_transfer_failures_total"
 
 ENGINE_EXTRA_METRICS = (
     counter(KV_TRANSFER_BLOCKS, "blocks", (*_E, "src", "dst"),
@@ -102,6 +105,13 @@ ENGINE_EXTRA_METRICS = (
     gauge(KV_BLOCK_SIZE_TOKENS, "tokens", (*_E, "source"),
           "Tokens per KV block the adapter converts block counts with; source: config, or the page it learned it "
           "from.", "engine config"),
+    counter(PEER_TRANSFER_BYTES, "bytes", _E,
+            "KV bytes pulled from a peer engine's GPU (disaggregated prefill over NIXL); a peer is not one of "
+            "this pod's tiers, so these are not links.", "engine"),
+    counter(PEER_TRANSFER_SECONDS, "seconds", _E, "Time the peer KV transfers took, as the engine timed them.",
+            "engine"),
+    counter(PEER_TRANSFER_FAILURES, "", (*_E, "kind"),
+            "Peer KV transfers (kind=transfer) or their notifications (kind=notification) that failed.", "engine"),
     counter(PREEMPTIONS, "", _E,
             "Requests preempted (vLLM) or retracted (SGLang) because KV space ran out: KV pressure.", "engine"),
     counter(KV_CACHED_TOKENS, "tokens", _E,

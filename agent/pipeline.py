@@ -9,6 +9,8 @@
   its own interval, timeout and health series, as it runs collectors.
 - A **sink** takes what the store and the analyses hold out of the process (`start()`/`stop()`):
   the Prometheus endpoint, the JSON Lines file. A `RequestSink` receives attributed requests.
+- A collector or sink may have `reload()`: on SIGHUP it re-reads what can change without a restart (the
+  HTTP servers' web config files), raising ConfigError and keeping what it had when that fails.
 
 Imports point one way: collectors → core ← analyses ← sinks. The wiring (wiring.py) is the one place
 that builds and connects them.

@@ -19,6 +19,7 @@ from kvscope.agent import extras
 from kvscope.agent.binding import ConfigError
 from kvscope.agent.config import Config, parse_listen
 from kvscope.agent.pipeline import Components
+from kvscope.agent.webconfig import load_web_config
 from kvscope.exporters import otlp_settings
 
 _ROOT_KEYS = {"proc": ("agent.proc_root", "--path.procfs", "/proc"), "sys": ("agent.sys_root", "--path.sysfs", "/sys")}
@@ -58,19 +59,22 @@ def _listen(key: str, address: str, found: Findings) -> None:
 
 
 def _web(config: Config, found: Findings) -> None:
-    path = config.exporters.prometheus.web_config_file
-    if not path:
-        return
-    missing = extras.missing_modules("web")
-    if missing:
-        found.problems.append(extras.message("web", "exporters.prometheus.web_config_file", missing))
-        return
-    from kvscope.exporters.webconfig import load_web_config  # a sink; imported only when the file is set
-
-    try:
-        load_web_config(path)
-    except ConfigError as exc:
-        found.problems.append(str(exc))
+    """The web config of /metrics and of the OTLP receiver, when set: readable, valid, its extra installed."""
+    files = [("exporters.prometheus.web_config_file", config.exporters.prometheus.web_config_file)]
+    otlp = config.collectors.get("otlp_traces")
+    if otlp is not None and otlp[0].enabled:
+        files.append(("collectors.otlp_traces.web_config_file", otlp[1].web_config_file))
+    for key, path in files:
+        if not path:
+            continue
+        missing = extras.missing_modules("web")
+        if missing:
+            found.problems.append(extras.message("web", key, missing))
+            continue
+        try:
+            load_web_config(path).close()
+        except ConfigError as exc:
+            found.problems.append(f"{key}: {exc}")
 
 
 def _jsonl(config: Config, found: Findings) -> None:

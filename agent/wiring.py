@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kvscope import __version__
 from kvscope.agent import extras
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec
-from kvscope.agent.config import Config, parse_listen
+from kvscope.agent.config import Config, ConfigError, parse_listen
 from kvscope.agent.contract import CONTRACT_METRICS
 from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
 from kvscope.agent.correlation.options import CorrelationOptions
@@ -39,6 +39,7 @@ from kvscope.agent.pipeline import (
 from kvscope.agent.records import RecentRequests, RecordBuffer
 from kvscope.agent.scheduler import Job, Scheduler, analysis_job, collector_job
 from kvscope.agent.store import Store
+from kvscope.agent.webconfig import load_web_config
 from kvscope.agent.whatif.engine import SPEC as WHATIF_SPEC
 from kvscope.agent.whatif.engine import WhatIfAnalysis
 from kvscope.collectors.gpu_nvml import NvmlCollector
@@ -46,7 +47,6 @@ from kvscope.collectors.registry import collector_specs
 from kvscope.exporters import jsonl, otlp_settings
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.jsonl import JsonlSink
-from kvscope.exporters.webconfig import load_web_config
 
 log = logging.getLogger("kvscope.wiring")
 SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS)
@@ -88,6 +88,20 @@ class Agent:
         self.scheduler.stop()
         for sink in reversed(self.sinks):
             sink.stop()
+
+    def reload(self) -> list[str]:
+        """On SIGHUP: every stage with a `reload()` (the HTTP servers: their web config files) re-reads what
+        it can without a restart. Returns one line per stage that could not; its old settings stay."""
+        problems = []
+        for name, part in [*(("exporters", s) for s in self.sinks), *self.collectors.items()]:
+            reload = getattr(part, "reload", None)
+            if reload is None:
+                continue
+            try:
+                reload()
+            except ConfigError as exc:
+                problems.append(f"{name}: {exc}")
+        return problems
 
 
 def build_agent(
@@ -151,7 +165,7 @@ def build_agent(
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
         routes = {path: route for a in analyses.values() if isinstance(a, WhatIfAnalysis)
                   for path, route in a.routes().items()}
-        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), extra_routes=routes)
+        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http, routes)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
 

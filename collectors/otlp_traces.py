@@ -2,7 +2,8 @@
 
 vLLM exports one span per finished request (shared/facts/vllm.md §3) with `--otlp-traces-endpoint`
 and `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`; point it at this receiver
-(`http://<agent>:4318/v1/traces`). Each `llm_request` span gives TTFT, queue time, prefill time and
+(`http://localhost:4318/v1/traces`; loopback by default, TLS and basic auth as for /metrics: docs/security.md).
+Each `llm_request` span gives TTFT, queue time, prefill time and
 the prompt length; the records go to the shared RecordBuffer the correlation engine drains. vLLM's span
 carries no cached-token or KV-tier attribute, so three attributes of kvscope's own are read where a
 source sets them (the reference pipeline does): `kvscope.kv.cached_tokens`, `kvscope.kv.fetch_seconds` and
@@ -10,18 +11,21 @@ source sets them (the reference pipeline does): `kvscope.kv.cached_tokens`, `kvs
 
 Decoding is a pure function of the body (`decode_export`); the HTTP side only enforces limits:
 a body over `max_body_bytes` (also after gzip/deflate decompression) is refused with 413, an unknown
-content type with 415, an undecodable body with 400 — each counted, none can stop the agent.
+content type with 415, an undecodable body with 400, a malformed request with 400 (or the status
+agent/http_messages.py gives it), missing or wrong credentials with 401 — each counted, none can stop
+the agent. Connections, threads and timeouts are agent/http_server.py's, bounded by the `http` table.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import math
 import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from google.protobuf import json_format
@@ -33,10 +37,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from kvscope.agent.catalogue import counter
 from kvscope.agent.config import parse_listen
-from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.http_messages import Request, Response
+from kvscope.agent.http_server import HttpLimits, HttpServer
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import Reading, Sample
 from kvscope.agent.records import RecordBuffer, RequestRecord
+from kvscope.agent.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("kvscope.collectors.otlp_traces")
 
@@ -60,7 +66,8 @@ RECEIVED = "kvscope_otlp_received_bytes_total"
 METRICS = (
     counter(EXPORTS, "requests", ("result",),
             "OTLP/HTTP export requests to /v1/traces by result: ok, bad_body, too_large, unsupported_type, "
-            "not_found.", "otlp_traces receiver"),
+            "not_found, bad_request (malformed HTTP), unauthorized (basic auth refused or not checked: too "
+            "many password checks in flight).", "otlp_traces receiver"),
     counter(SPANS, "", ("result",),
             "Spans received by result: accepted (an llm_request span became a record), rejected (an "
             "llm_request span with missing or invalid latency attributes), ignored (other spans).",
@@ -72,16 +79,21 @@ METRICS = (
 
 @dataclass
 class OtlpTracesOptions:
-    listen: str = "0.0.0.0:4318"  # the OTLP/HTTP default port
+    # the OTLP/HTTP default port, on loopback: the engine runs in the same pod. Anyone who reaches the
+    # receiver can inject request records, so a wider address wants the web config's TLS or basic auth.
+    listen: str = "127.0.0.1:4318"
+    web_config_file: str = ""  # exporter-toolkit web config (TLS, basic auth), as for /metrics; "" = plain
     max_body_bytes: int = 8 * 1024 * 1024  # per export request, compressed and decompressed
     engine: str = "vllm"  # the `engine` label of the records
     model: str = ""  # the `model` label when the span does not name one (vLLM 0.33 does not)
     dp_rank: str = "0"
+    http: HttpLimits = field(default_factory=HttpLimits)  # connections, threads and timeouts
 
     def validate(self, path: str) -> None:
         parse_listen(f"{path}.listen", self.listen)
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        self.http.validate(f"{path}.http")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +151,32 @@ def _span_id(raw: bytes, size: int) -> bytes | None:
     return bytes(raw) if len(raw) == size and any(raw) else None
 
 
+# OTLP/JSON writes trace and span ids as hex (the OTLP spec's exception to protobuf's JSON mapping, which
+# would read bytes fields as base64): field -> length in hex digits.
+_HEX_IDS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
+
+
+def _hex_ids_to_base64(tree: Any) -> Any:
+    """The request with every hex id of a span (and of its links) turned into the base64 protobuf expects.
+    A value that is not hex of the right length is left for the parser (a base64-writing client's)."""
+    if not isinstance(tree, dict):
+        return tree
+    for resource_spans in tree.get("resourceSpans") or ():
+        for scope_spans in (resource_spans.get("scopeSpans") or ()) if isinstance(resource_spans, dict) else ():
+            for span in (scope_spans.get("spans") or ()) if isinstance(scope_spans, dict) else ():
+                if isinstance(span, dict):
+                    for item in (span, *(link for link in span.get("links") or () if isinstance(link, dict))):
+                        for key, digits in _HEX_IDS.items():
+                            value = item.get(key)
+                            if isinstance(value, str) and len(value) == digits and _is_hex(value):
+                                item[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+    return tree
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
     """Decode an ExportTraceServiceRequest (protobuf or OTLP JSON). Raises ValueError on a bad body."""
     request = ExportTraceServiceRequest()
@@ -146,11 +184,12 @@ def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
         if content_type == PROTOBUF:
             request.ParseFromString(body)
         elif content_type == JSON:
-            json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+            tree = json.loads(body.decode("utf-8"))
+            json_format.ParseDict(_hex_ids_to_base64(tree), request, ignore_unknown_fields=True)
         else:
             raise ValueError(f"unsupported content type {content_type!r}")
-    except (DecodeError, json_format.ParseError, UnicodeDecodeError) as exc:
-        raise ValueError(f"undecodable body: {exc}") from None
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"undecodable body: {type(exc).__name__}: {str(exc)[:200]}") from None
     out = Decoded()
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
@@ -184,63 +223,55 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 
 
 class OtlpTracesReceiver:
-    def __init__(self, options: OtlpTracesOptions, records: RecordBuffer) -> None:
+    def __init__(self, options: OtlpTracesOptions, records: RecordBuffer, web: WebConfig | None = None) -> None:
         self._options = options
         self._records = records
+        self._web = web or WebConfig()
         self._labels = Labels(options.engine, options.model, options.dp_rank)
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._server: QuietHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: HttpServer | None = None
         self._logged: set[str] = set()
 
     @property
     def address(self) -> tuple[str, int]:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        return self._server.address
 
     def start(self) -> None:
-        host, _, port_text = self._options.listen.rpartition(":")  # validated by the options; port 0 in tests
-        host, port = host.strip("[]") or "0.0.0.0", int(port_text)
-        receiver = self
+        host, port = parse_listen("listen", self._options.listen)  # validated by the options; port 0 in tests
+        self._server = HttpServer("otlp", host, port, self.handle, limits=self._options.http, web=self._web,
+                                  max_body_bytes=self._options.max_body_bytes, refused=self._refused)
+        self._server.start()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                status, body, ctype = receiver.handle(self.path, dict(self.headers.items()), self.rfile)
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def reload(self) -> None:
+        """Re-reads the web config file (SIGHUP); raises ConfigError and keeps the old one when it is wrong."""
+        web = load_web_config(self._options.web_config_file)
+        self._web = web
+        if self._server is not None:
+            self._server.reload(web)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # access logs would be one line per export; outcomes are counted instead
+    def _refused(self, status: int) -> None:
+        """A request the HTTP server answered itself, before it reached `handle`."""
+        result = {413: "too_large", 401: "unauthorized", 503: "unauthorized"}.get(status, "bad_request")
+        self._add((EXPORTS, (result,)), 1)
 
-        self._server = QuietHTTPServer((host, port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-traces", daemon=True)
-        self._thread.start()
-
-    def handle(self, path: str, headers: dict[str, str], stream: Any) -> tuple[int, bytes, str]:
-        """One POST: (status, response body, content type). Never raises."""
-        headers = {k.lower(): v for k, v in headers.items()}
-        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
-        if path.split("?")[0] != "/v1/traces":
+    def handle(self, request: Request) -> Response:
+        """One request, its body read and bounded by the server. Never raises."""
+        headers = request.headers
+        ctype = (headers.get("content-type") or "").split(";")[0].strip().lower()
+        if request.path != "/v1/traces":
             return self._refuse("not_found", 404, "only /v1/traces is served")
-        try:
-            length = int(headers.get("content-length", "-1"))
-        except ValueError:
-            length = -1
-        if length < 0:
+        if request.method != "POST":
+            return self._refuse("bad_request", 405, "only POST is served", [("Allow", "POST")])
+        if headers.get("content-length") is None and headers.get("transfer-encoding") is None:
             return self._refuse("bad_body", 411, "Content-Length is required")
-        if length > self._options.max_body_bytes:
-            return self._refuse("too_large", 413, f"body over {self._options.max_body_bytes} bytes")
-        body = stream.read(length)
+        body = request.body
         self._add((RECEIVED, ()), len(body))
         if ctype not in (PROTOBUF, JSON):
             return self._refuse("unsupported_type", 415, f"content type {ctype!r}: use {PROTOBUF} or {JSON}")
         try:
-            data = decompress(body, headers.get("content-encoding", ""), self._options.max_body_bytes)
+            data = decompress(body, headers.get("content-encoding") or "", self._options.max_body_bytes)
             decoded = decode_export(data, ctype, self._labels)
         except OverflowError:
             return self._refuse("too_large", 413, "decompressed body over the limit")
@@ -258,13 +289,14 @@ class OtlpTracesReceiver:
             self._log_once("rejected", "otlp_traces: llm_request spans without valid gen_ai.latency.* "
                                        "attributes are rejected (counted in kvscope_otlp_spans_total)")
         if ctype == JSON:
-            return 200, json_format.MessageToJson(response).encode(), JSON
-        return 200, response.SerializeToString(), PROTOBUF
+            return Response(200, json_format.MessageToJson(response).encode(), JSON)
+        return Response(200, response.SerializeToString(), PROTOBUF)
 
-    def _refuse(self, result: str, status: int, message: str) -> tuple[int, bytes, str]:
+    def _refuse(self, result: str, status: int, message: str,
+                headers: list[tuple[str, str]] | None = None) -> Response:
         self._add((EXPORTS, (result,)), 1)
         self._log_once(result, f"otlp_traces: refusing an export ({status}): {message}")
-        return status, message.encode(), "text/plain; charset=utf-8"
+        return Response(status, message.encode(), "text/plain; charset=utf-8", headers or [])
 
     def _add(self, key: tuple[str, tuple[str, ...]], by: float) -> None:
         with self._lock:
@@ -281,18 +313,20 @@ class OtlpTracesReceiver:
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
+        else:
+            self._web.close()
 
 
 def build(options: OtlpTracesOptions, context: CollectorContext) -> OtlpTracesReceiver:
-    return OtlpTracesReceiver(options, context.request_records)
+    return OtlpTracesReceiver(options, context.request_records, load_web_config(options.web_config_file))
 
 
 SPEC = CollectorSpec(
     name="otlp_traces",
-    description="OTLP/HTTP receiver on :4318 /v1/traces: vLLM llm_request spans -> per-request TTFT records",
+    description="OTLP/HTTP receiver on 127.0.0.1:4318 /v1/traces: vLLM llm_request spans -> per-request TTFT "
+                "records",
     options=OtlpTracesOptions,
     factory=build,
     metrics=METRICS,

@@ -27,6 +27,9 @@ from kvscope.collectors.exposition_scan import ScanResult
 USAGE_RATIO = "kvscope_kv_cache_usage_ratio"
 REQUESTS_FINISHED = "kvscope_requests_finished_total"
 
+# A source tier value meaning "another adapter reports these hits": the KV connector's own adapter (Dynamo
+# KVBM, LMCache) places them in tiers, so the vLLM adapter leaves them out instead of counting them twice.
+CONNECTOR = "connector"
 # Cache-hit `source` (vLLM CacheHitSource, facts §1.2) → tier. Configurable; unknown values → unattributed.
 DEFAULT_SOURCE_TIERS: dict[str, str] = {
     "device": "G1",
@@ -36,8 +39,16 @@ DEFAULT_SOURCE_TIERS: dict[str, str] = {
     "external_unspecified": "unattributed",
 }
 # Tiering `tier` label ("0:primary", "<idx+1>:<type>", facts §1.3) → tier. Exact keys first, then the
-# glob patterns in table order; no match → unattributed. Configurable: the type strings are unconfirmed.
-DEFAULT_TIERING_TIERS: dict[str, str] = {"0:primary": "G2", "1:fs": "G3", "2:fs": "G4", "*:obj": "G4"}
+# glob patterns in table order; no match → unattributed (logged once per value). Configurable: the type
+# strings are unconfirmed, and tier managers named by class ("1:StripedFileSystemTierManager") are seen in
+# the field. The rule: index 0 is the primary (G2); a shared, remote or object store is G4; the first file
+# system below the primary is local (G3), a deeper one is taken as shared (G4).
+DEFAULT_TIERING_TIERS: dict[str, str] = {
+    "0:primary": "G2", "1:fs": "G3", "2:fs": "G4",
+    "*:obj": "G4", "0:*": "G2",
+    "*:*Shared*": "G4", "*:*Remote*": "G4", "*:*[Oo]bj*": "G4", "*:*S3*": "G4",
+    "1:*File[Ss]ystem*": "G3", "[2-9]:*File[Ss]ystem*": "G4",
+}
 
 Extra = tuple[str, ...]
 # A resolver reads one vLLM label value: (extra label values, priority), or None to ignore the sample.
@@ -83,6 +94,12 @@ COUNTER_RULES: tuple[Rule, ...] = (
     Rule(f"{V}kv_offload_tiering_read_time_total", c.KV_TRANSFER_SECONDS, label="tier", resolve="tiering_read"),
     Rule(f"{V}kv_offload_tiering_write_bytes_total", c.KV_TRANSFER_BYTES, label="tier", resolve="tiering_write"),
     Rule(f"{V}kv_offload_tiering_write_time_total", c.KV_TRANSFER_SECONDS, label="tier", resolve="tiering_write"),
+    Rule(f"{V}num_preemptions_total", c.PREEMPTIONS),
+    # disaggregated prefill: KV pulled from a peer engine over NIXL (a histogram's _sum is its running total)
+    Rule(f"{V}nixl_bytes_transferred_sum", c.PEER_TRANSFER_BYTES),
+    Rule(f"{V}nixl_xfer_time_seconds_sum", c.PEER_TRANSFER_SECONDS),
+    Rule(f"{V}nixl_num_failed_transfers_total", c.PEER_TRANSFER_FAILURES, ("transfer",)),
+    Rule(f"{V}nixl_num_failed_notifications_total", c.PEER_TRANSFER_FAILURES, ("notification",)),
 )
 GAUGE_RULES: tuple[Rule, ...] = (
     Rule(f"{V}num_requests_running", c.REQUESTS_RUNNING),
@@ -142,23 +159,35 @@ def _is_number(text: str) -> bool:
 class Normaliser:
     """Turns one scanned page into contract readings. Holds only configuration (and lookup caches)."""
 
-    def __init__(self, engine: str, source_tiers: Mapping[str, str], tiering_tiers: Mapping[str, str]) -> None:
+    def __init__(self, engine: str, source_tiers: Mapping[str, str], tiering_tiers: Mapping[str, str],
+                 on_unknown_tier: Callable[[str], None] = lambda _value: None) -> None:
         self.engine = engine
         source = TierTable({**DEFAULT_SOURCE_TIERS, **source_tiers})
-        tiering = TierTable({**DEFAULT_TIERING_TIERS, **tiering_tiers})
+        tiering_table = {**DEFAULT_TIERING_TIERS, **tiering_tiers}
+        tiering = TierTable(tiering_table)
+
+        def tiering_tier(value: str) -> str:
+            tier = tiering(value)
+            if tier == Tier.UNATTRIBUTED.value and tiering_table.get(value) != tier:
+                on_unknown_tier(value)  # no rule placed it: say so, never drop it silently
+            return tier
 
         def tiering_read(value: str) -> tuple[Extra, int]:
-            tier = tiering(value)  # a read of the primary (G2) is G2→G1, used only without kv_offload_load
+            tier = tiering_tier(value)  # a read of the primary (G2) is G2→G1, used only without kv_offload_load
             return ((G2, G1), 2) if tier == G2 else ((tier, G2), 0)
 
         def tiering_write(value: str) -> tuple[Extra, int]:
-            tier = tiering(value)
+            tier = tiering_tier(value)
             return ((G1, G2), 2) if tier == G2 else ((G2, tier), 0)
+
+        def source_tier(value: str) -> tuple[Extra, int] | None:
+            tier = source(value)
+            return None if tier == CONNECTOR else ((tier,), 0)
 
         directions = {"CPU_to_GPU": (G2, G1), "GPU_to_CPU": (G1, G2)}
         self._resolvers: dict[str, Resolver] = {
-            "source": lambda v: ((source(v),), 0),
-            "external": lambda _: ((source("external_unspecified"),), 0),
+            "source": source_tier,
+            "external": lambda _: source_tier("external_unspecified"),
             "computed": lambda v: ((), 0) if v == "local_compute" else None,
             "verbatim": lambda v: ((v,), 0),
             "transfer_type": lambda v: (directions[v], 1) if v in directions else None,

@@ -71,6 +71,7 @@ from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.exposition_scan import ExpositionScanner
 from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
 from kvscope.collectors.vllm_map import (
+    CONNECTOR,
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
     REQUESTS_FINISHED,
@@ -102,6 +103,8 @@ METRICS = (
           "blocks count as free, so this is not residency.", "vllm /metrics"),
     counter(REQUESTS_FINISHED, "requests", (*ENGINE_LABELS, "reason"),
             "Finished requests by finish reason (vLLM request_success).", "vllm /metrics"),
+    *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
+        c.PREEMPTIONS, c.PEER_TRANSFER_BYTES, c.PEER_TRANSFER_SECONDS, c.PEER_TRANSFER_FAILURES)),
 )
 
 
@@ -134,7 +137,8 @@ class VllmOptions:
         if self.max_response_bytes < 1024:
             raise ValueError(f"max_response_bytes: must be >= 1024, got {self.max_response_bytes}")
         for key, value in self.cache_hit_source_tiers.items():
-            parse_tier_option(f"cache_hit_source_tiers.{key}", value)
+            if value != CONNECTOR:  # left to the KV connector's own adapter
+                parse_tier_option(f"cache_hit_source_tiers.{key}", value)
         for key, value in self.tiering_tiers.items():
             if parse_tier_option(f"tiering_tiers.{key}", value) == Tier.G1:
                 raise ValueError(f"tiering_tiers.{key}: offload tiers are below G1 (G2, G3, G4 or unattributed)")
@@ -182,11 +186,19 @@ class VllmMetricsCollector:
 
     def __init__(self, options: VllmOptions, fetch: Fetcher | None = None) -> None:
         self._options = options
-        self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers)
+        self._unknown_tiers: set[str] = set()
+        self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers,
+                                      self._unknown_tier)
         wanted = wanted_samples()
         self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
         self._scrape = ParallelScrape(options.urls, fetch or http_fetch, options.scrape_timeout_seconds,
                                       options.max_response_bytes)
+
+    def _unknown_tier(self, value: str) -> None:
+        if value not in self._unknown_tiers and len(self._unknown_tiers) < 64:
+            self._unknown_tiers.add(value)
+            log.warning("vllm: tiering tier %r matches no rule of tiering_tiers; its bytes are exported as "
+                        "tier 'unattributed' (map it with tiering_tiers = { %r = \"G3\" } or G4)", value, value)
 
     def collect(self) -> list[Reading]:
         readings: list[Reading] = []

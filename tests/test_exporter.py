@@ -19,9 +19,9 @@ from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter, gauge, hi
 from kvscope.agent.config import ConfigError
 from kvscope.agent.readings import HistogramSample, Sample
 from kvscope.agent.store import Store
+from kvscope.agent.webconfig import load_web_config
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.prometheus import StoreCollector, TextRenderer
-from kvscope.exporters.webconfig import load_web_config
 
 SPECS = [
     *AGENT_METRICS,
@@ -132,6 +132,7 @@ def test_tls_from_web_config(tmp_path: Path) -> None:
         ("tls_server_config:\n  cert: a.pem\n", "tls_server_config.cert: unsupported key"),
         ("http_server_config:\n  http2: true\n", "http_server_config: unsupported key"),
         ("basic_auth_users:\n  prom: plaintext\n", "basic_auth_users.prom: expected a bcrypt hash"),
+        ("basic_auth_users:\n  prom: $2y$99$" + "a" * 53 + "\n", "basic_auth_users.prom: bcrypt cost must be 4..31"),
         ("tls_server_config:\n  cert_file: no.pem\n  key_file: no.pem\n", "cannot load cert_file/key_file"),
     ],
 )

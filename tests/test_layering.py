@@ -20,7 +20,8 @@ PACKAGES = ("agent", "collectors", "exporters", "dashboards")
 
 CORE = {f"kvscope.agent.{name}" for name in (
     "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "config",
-    "binding", "http_server", "extras", "logs", "kv_access")} | {"kvscope.agent"}
+    "binding", "http_server", "http_connection", "http_messages", "basic_auth", "webconfig", "extras", "logs",
+    "kv_access")} | {"kvscope.agent"}
 COMPOSITION = {f"kvscope.agent.{name}" for name in ("wiring", "cli", "flags", "preflight")}
 TOOLS = ("kvscope.agent.reference", "kvscope.agent.selftest", "kvscope.agent.analyze")
 

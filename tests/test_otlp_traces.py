@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -63,6 +64,20 @@ def test_otlp_json_is_accepted() -> None:
     (record,) = decoded.records
     assert record.ttft == 0.5 and record.prompt_tokens == 77 and record.arrival == 2.0
     assert record.request_id == "0000000000000002"
+
+
+def test_otlp_json_ids_are_hex_as_the_otlp_spec_writes_them() -> None:
+    """OTLP/JSON encodes traceId/spanId as hex, not protobuf-JSON's base64: the record keeps the real ids, so
+    kvscope's attribution span can be parented to the engine's span."""
+    trace, span = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+    spans = [{"name": "llm_request", "traceId": trace, "spanId": span, "startTimeUnixNano": "1000000000",
+              "attributes": [{"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": 0.25}}]}]
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]})
+    (record,) = decode_export(body.encode(), "application/json", Labels()).records
+    assert record.trace_id == bytes.fromhex(trace) and record.span_id == bytes.fromhex(span)
+    nested = b'{"resourceSpans":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ValueError):
+        decode_export(nested, "application/json", Labels())
 
 
 @pytest.fixture
@@ -154,4 +169,4 @@ def test_options_validation() -> None:
     from kvscope.agent.config import ConfigError, bind
     with pytest.raises(ConfigError, match="listen"):
         bind(OtlpTracesOptions, {"listen": "nonsense"}, "collectors.otlp_traces")
-    assert bind(OtlpTracesOptions, {}, "collectors.otlp_traces").listen == "0.0.0.0:4318"
+    assert bind(OtlpTracesOptions, {}, "collectors.otlp_traces").listen == "127.0.0.1:4318"  # loopback by default

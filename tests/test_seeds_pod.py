@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from kvscope.agent.pipeline import Components
 from kvscope.agent.store import Store
 from kvscope.agent.wiring import build_catalogue
@@ -84,7 +82,6 @@ def test_what_each_adapter_contributes() -> None:
     assert store.histogram("kvscope_ttft_seconds", vllm)[3] == 2 * len(PAGES.FRONTEND["ttft"])
 
 
-@pytest.mark.xfail(strict=True, reason="vllm adapter change pending")
 def test_no_double_counting_with_the_connector_left_to_kvbm() -> None:
     """With `cache_hit_source_tiers = {external_unspecified = "connector"}` (the proposed vLLM option: the hits
     vLLM cannot place are the connector adapter's) every prompt token is counted once: G1 (vLLM) + G4 (KVBM)

@@ -4,6 +4,7 @@ that feeds it, and `kvscope what-if` on what it serves."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -93,8 +94,8 @@ def test_the_profile_is_served_and_recorded(tmp_path: Path) -> None:
     engine_series(store, lookup=100.0, hits={})
     feed(log, STEPS)
     analysis.run()
-    status, ctype, body = analysis.routes()[PROFILE_ROUTE](b"")
-    assert status == 200 and ctype == "application/json"
+    body, ctype = analysis.routes()[PROFILE_ROUTE]()
+    assert ctype == "application/json"
     assert loads(body) == loads((tmp_path / "whatif.json").read_bytes())
 
 
@@ -130,8 +131,8 @@ def test_the_agent_wires_the_analysis_and_serves_its_profile(tmp_path: Path) -> 
         url = f"http://127.0.0.1:{agent.server.port}"
         assert main(["what-if", "--url", url, "--g1", "2x"]) == 1  # nothing published yet: said, not guessed
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(urllib.request.Request(url + PROFILE_ROUTE, data=b"", method="POST"), timeout=10) as r:
-            assert json.loads(r.read())["streams"] == []
+        with opener.open(url + PROFILE_ROUTE, timeout=10) as r:  # beside /metrics, behind its TLS and auth
+            assert r.headers["Content-Type"] == "application/json" and json.loads(r.read())["streams"] == []
     finally:
         agent.stop()
 
@@ -152,3 +153,30 @@ def test_kvscope_what_if_on_a_recording(tmp_path: Path, capsys: pytest.CaptureFi
     assert names == ["today", "G1=2x,G2=64KiB", "off"]
     assert doc["scenarios"][1]["blocks"] == {"G1": 8, "G2": 65536 // (BT * 36_864), "G3": 0, "G4": 0}
     assert main(["what-if", "--recording", str(tmp_path / "whatif.json"), "--g1", "fast"]) == 2
+
+
+def test_the_profile_route_is_behind_the_metrics_endpoints_auth(tmp_path: Path) -> None:
+    """GET /whatif/profile answers only with /metrics' credentials; `kvscope what-if --url user:pass@...` has them."""
+    import bcrypt
+
+    from kvscope.agent.webconfig import load_web_config
+    from kvscope.agent.whatif.cli import fetch
+    from kvscope.exporters.http import MetricsServer
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prom: '{bcrypt.hashpw(b's3cret', bcrypt.gensalt(rounds=4)).decode()}'\n")
+    analysis, store, log, _ = setup(tmp_path)
+    engine_series(store, lookup=100.0, hits={})
+    feed(log, STEPS)
+    analysis.run()
+    server = MetricsServer(store, "127.0.0.1", 0, load_web_config(str(web)), routes=analysis.routes())
+    server.start()
+    try:
+        url = f"127.0.0.1:{server.port}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            fetch(url)
+        assert refused.value.code == 401
+        (profile,) = loads(fetch(f"http://prom:s3cret@{url}/metrics"))
+        assert profile.counted == sum(map(len, STEPS))
+    finally:
+        server.stop()

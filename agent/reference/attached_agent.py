@@ -42,8 +42,8 @@ def agent_toml(metrics_url: str, device: str, interval: float = 0.25, requests_j
             lines += [f"urls = [{json.dumps(metrics_url)}]", 'engine = "reference"',
                       # the reference engine reports G4 hits as vLLM's "external_unspecified" source
                       'cache_hit_source_tiers = { external_unspecified = "G4" }']
-        elif name == "disk":
-            lines.append(f"include = [{json.dumps(device)}]")
+        elif name == "disk":  # exactly G4's device, whatever its name (the default exclude drops loop*)
+            lines += [f"include = [{json.dumps(device)}]", "exclude = []"]
         lines.append("")
     return "\n".join(lines)
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from http.server import BaseHTTPRequestHandler
 
-from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.http_messages import Request, Response
+from kvscope.agent.http_server import HttpServer
 from kvscope.agent.reference.tierstore import Transfer
 from kvscope.agent.tiers import Tier
 
@@ -98,29 +98,19 @@ class KvbmServer:
     """GET /metrics on its own port, as the KVBM leader serves it (DYN_KVBM_METRICS_PORT, default 6880)."""
 
     def __init__(self, metrics: KvbmMetrics, host: str = "127.0.0.1", port: int = 0) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                found = self.path.split("?", 1)[0] == "/metrics"
-                body = metrics.text().encode() if found else b"not found\n"
-                self.send_response(200 if found else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def serve(request: Request) -> Response:
+            if request.path != "/metrics":
+                return Response(404, b"not found\n", "text/plain; version=0.0.4")
+            return Response(200, metrics.text().encode(), "text/plain; version=0.0.4")
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.httpd = QuietHTTPServer((host, port), Handler)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="reference-kvbm", daemon=True)
+        self.httpd = HttpServer("reference-kvbm", host, port, serve)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        return f"http://127.0.0.1:{self.httpd.port}/metrics"
 
     def start(self) -> None:
-        self._thread.start()
+        self.httpd.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()

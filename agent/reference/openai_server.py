@@ -10,43 +10,45 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvscope.agent.http_server import QuietHTTPServer
+from kvscope.agent.http_messages import Request, Response
+from kvscope.agent.http_server import HttpLimits, HttpServer
 from kvscope.agent.reference import tokenizer
 from kvscope.agent.reference.engine import Engine, EngineRequest
 
 log = logging.getLogger("kvscope.reference.http")
 
+# A streamed completion holds a worker thread while it waits for its next token: room for the
+# concurrency a benchmark client drives (AIPerf's --concurrency), and prompts of a few hundred k tokens.
+LIMITS = HttpLimits(max_connections=1024, workers=256)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
 
 class ReferenceServer:
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
         self.engine = engine
-        self.httpd = QuietHTTPServer((host, port), _handler(engine))
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="reference-http", daemon=True)
+        self.httpd = HttpServer("reference", host, port, _App(engine), limits=LIMITS, max_body_bytes=MAX_BODY_BYTES,
+                                server_header="kvscope-reference")
 
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return self.httpd.port
 
     @property
     def url(self) -> str:
-        host = self.httpd.server_address[0]
-        return f"http://{host if isinstance(host, str) else host.decode()}:{self.port}"
+        return f"http://{self.httpd.address[0]}:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        self.httpd.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
 
 
 def _usage(req: EngineRequest, completion_tokens: int) -> dict[str, Any]:
@@ -64,126 +66,106 @@ def _stream(req: EngineRequest) -> Iterator[tuple[str, str]]:
             return
 
 
-def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
-    model = engine.config.served_model_name
+def _json(status: int, obj: Any) -> Response:
+    return Response(status, json.dumps(obj).encode(), "application/json")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "kvscope-reference"
-        disable_nagle_algorithm = True  # each SSE chunk is a small write: Nagle + delayed ACK would hold it ~40 ms
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
+def _error(status: int, message: str) -> Response:
+    return _json(status, {"error": {"message": message, "type": "BadRequestError", "code": status}})
 
-        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def _json(self, status: int, obj: Any) -> None:
-            self._send(status, json.dumps(obj).encode())
+class _App:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.model = engine.config.served_model_name
 
-        def _error(self, status: int, message: str) -> None:
-            self._json(status, {"error": {"message": message, "type": "BadRequestError", "code": status}})
+    def __call__(self, request: Request) -> Response:
+        if request.method in ("GET", "HEAD"):
+            return self._get(request.path)
+        if request.method == "POST":
+            return self._post(request)
+        return _error(405, f"method {request.method} not allowed")
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, generate_latest(engine.registry), CONTENT_TYPE_LATEST)
-            elif path in ("/health", "/ping"):
-                self._send(200, b"", "text/plain")
-            elif path == "/v1/models":
-                self._json(200, {"object": "list", "data": [{
-                    "id": model, "object": "model", "created": int(time.time()), "owned_by": "kvscope",
-                    "root": model, "max_model_len": engine.max_prompt_tokens}]})
+    def _get(self, path: str) -> Response:
+        engine = self.engine
+        if path == "/metrics":
+            return Response(200, generate_latest(engine.registry), CONTENT_TYPE_LATEST)
+        if path in ("/health", "/ping"):
+            return Response(200, b"", "text/plain")
+        if path == "/v1/models":
+            return _json(200, {"object": "list", "data": [{
+                "id": self.model, "object": "model", "created": int(time.time()), "owned_by": "kvscope",
+                "root": self.model, "max_model_len": engine.max_prompt_tokens}]})
+        return _error(404, f"no route {path}")
+
+    def _post(self, request: Request) -> Response:
+        engine = self.engine
+        arrival = engine.clock()  # vLLM stamps arrival on receipt, before tokenisation
+        path = request.path
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            return _error(404, f"no route {path}")
+        chat = path == "/v1/chat/completions"
+        try:
+            body = json.loads(request.body or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            token_ids = _prompt_tokens(body, chat)
+            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0) or None
+            req = engine.submit(token_ids, max_tokens, arrival=arrival, request_id=f"cmpl-{uuid.uuid4().hex}",
+                                headers=dict(request.headers.items()), temperature=body.get("temperature"),
+                                top_p=body.get("top_p"))
+        except (ValueError, TypeError) as exc:
+            return _error(400, str(exc))
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return Response(200, self._events(req, chat, include_usage), "text/event-stream",
+                            [("Cache-Control", "no-cache")])
+        return self._whole_response(req, chat)
+
+    def _whole_response(self, req: EngineRequest, chat: bool) -> Response:
+        pieces, reason = [], "length"
+        for kind, value in _stream(req):
+            if kind == "token":
+                pieces.append(value)
+            elif kind == "error":
+                return _error(500, value)
             else:
-                self._error(404, f"no route {path}")
+                reason = value
+        text = "".join(pieces)
+        choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},
+                                   "finish_reason": reason} if chat else
+                                  {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        return _json(200, {"id": req.request_id, "object": "chat.completion" if chat else "text_completion",
+                           "created": int(time.time()), "model": self.model, "choices": [choice],
+                           "usage": _usage(req, len(pieces))})
 
-        def do_POST(self) -> None:
-            arrival = engine.clock()  # vLLM stamps arrival on receipt, before tokenisation
-            path = self.path.split("?", 1)[0]
-            if path not in ("/v1/completions", "/v1/chat/completions"):
-                self._error(404, f"no route {path}")
-                return
-            chat = path == "/v1/chat/completions"
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
-                token_ids = _prompt_tokens(body, chat)
-                max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0) or None
-                req = engine.submit(token_ids, max_tokens, arrival=arrival, request_id=f"cmpl-{uuid.uuid4().hex}",
-                                    headers=dict(self.headers.items()), temperature=body.get("temperature"),
-                                    top_p=body.get("top_p"))
-            except (ValueError, TypeError) as exc:
-                self._error(400, str(exc))
-                return
-            if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                self._stream_response(req, chat, include_usage)
+    def _events(self, req: EngineRequest, chat: bool, include_usage: bool) -> Iterator[bytes]:
+        """The SSE events of a streamed completion; a client that goes away stops the stream, not the
+        engine's request (it finishes regardless, as vLLM's would)."""
+        created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+        count = 0
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+            chunk: dict[str, Any] = {"id": req.request_id, "object": obj, "created": created, "model": self.model,
+                                     "choices": choices}
+            if usage is not None:
+                chunk["usage"] = usage
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        for kind, value in _stream(req):
+            if kind == "token":
+                delta = {"content": value} if count else {"role": "assistant", "content": value}
+                yield event([{"index": 0, "delta": delta, "finish_reason": None} if chat else
+                             {"index": 0, "text": value, "logprobs": None, "finish_reason": None}])
+                count += 1
+            elif kind == "done":
+                yield event([{"index": 0, "delta": {}, "finish_reason": value} if chat else
+                             {"index": 0, "text": "", "logprobs": None, "finish_reason": value}])
+                if include_usage:
+                    yield event([], _usage(req, count))
             else:
-                self._whole_response(req, chat)
-
-        def _whole_response(self, req: EngineRequest, chat: bool) -> None:
-            pieces, reason = [], "length"
-            for kind, value in _stream(req):
-                if kind == "token":
-                    pieces.append(value)
-                elif kind == "error":
-                    self._error(500, value)
-                    return
-                else:
-                    reason = value
-            text = "".join(pieces)
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},
-                                       "finish_reason": reason} if chat else
-                                      {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-            self._json(200, {"id": req.request_id, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": model, "choices": [choice],
-                             "usage": _usage(req, len(pieces))})
-
-        def _stream_response(self, req: EngineRequest, chat: bool, include_usage: bool) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
-            count = 0
-
-            def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> None:
-                chunk: dict[str, Any] = {"id": req.request_id, "object": obj, "created": created, "model": model,
-                                         "choices": choices}
-                if usage is not None:
-                    chunk["usage"] = usage
-                self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-
-            try:
-                for kind, value in _stream(req):
-                    if kind == "token":
-                        delta = {"content": value} if count else {"role": "assistant", "content": value}
-                        event([{"index": 0, "delta": delta, "finish_reason": None} if chat else
-                               {"index": 0, "text": value, "logprobs": None, "finish_reason": None}])
-                        count += 1
-                    elif kind == "done":
-                        event([{"index": 0, "delta": {}, "finish_reason": value} if chat else
-                               {"index": 0, "text": "", "logprobs": None, "finish_reason": value}])
-                        if include_usage:
-                            event([], _usage(req, count))
-                    else:
-                        self._chunk(b"data: " + json.dumps({"error": {"message": value}}).encode() + b"\n\n")
-                self._chunk(b"data: [DONE]\n\n")
-                self._chunk(b"")
-            except (BrokenPipeError, ConnectionResetError):
-                log.debug("client of %s went away", req.request_id)  # the engine finishes it regardless
-
-        def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-    return Handler
+                yield b"data: " + json.dumps({"error": {"message": value}}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
 
 def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[int]:

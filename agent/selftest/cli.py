@@ -17,10 +17,14 @@ from typing import Any
 
 def _selftest(args: argparse.Namespace) -> int:
     from kvscope.agent.selftest.report import summary, table, write_json
-    from kvscope.agent.selftest.runner import run_plans, select
+    from kvscope.agent.selftest.runner import ScenarioUnavailable, run_plans, select
 
     logging.getLogger().setLevel(logging.WARNING)  # the table is the output; warnings still show
-    rows, meta, _ = run_plans(select(args.scenario, args.stack), args.workdir)
+    try:
+        rows, meta, _ = run_plans(select(args.scenario, args.stack), args.workdir)
+    except ScenarioUnavailable as exc:
+        print(f"kvscope: selftest: {exc}", file=sys.stderr)
+        return 2
     sys.stdout.write(table(rows))
     sys.stdout.write(summary(rows))
     if args.json:

@@ -120,6 +120,8 @@ listen = "127.0.0.1:0"
 enabled = true
 urls = [{_toml_str(vllm_url)}]
 engine = "{ENGINE_KIND}"
+# the hits vLLM 0.14 cannot place are KVBM's: its adapter counts them per tier
+cache_hit_source_tiers = {{ "external_unspecified" = "connector" }}
 
 [collectors.dynamo_kvbm]
 enabled = true

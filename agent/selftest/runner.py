@@ -17,6 +17,7 @@ from kvscope.agent.selftest.kvbm_stack import STACK, KvbmStackHarness, KvbmStack
 from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
 from kvscope.agent.selftest.plans import EvictionPlan, NarrowPlan, SharedPromptsPlan, SweepPlan
 from kvscope.agent.selftest.whatif import WhatIfPlan, WhatIfResult, whatif_checks
+from kvscope.collectors.host_inputs import block_device_of
 
 Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | EvictionPlan | NarrowPlan | KvbmStackPlan | WhatIfPlan
 DEFAULT_PLANS: dict[str, Plan] = {
@@ -41,6 +42,19 @@ STACK_PLANS: dict[str, dict[str, Plan]] = {
 }
 
 
+class ScenarioUnavailable(Exception):
+    """A chosen scenario cannot run on this machine; the message says why and what to do, in one line."""
+
+
+def check_runnable(plans: dict[str, Plan], base: Path) -> None:
+    """Before anything runs: the noisy-neighbour scenario loads G4's disk and reads that disk's counters, so
+    its directory must be on a block device the disk collector sees (not tmpfs, overlay or NFS)."""
+    if any(isinstance(plan, NoisyPlan) for plan in plans.values()) and block_device_of(base) is None:
+        raise ScenarioUnavailable(f"noisy-neighbour needs its G4 directory on a local block device, and {base} "
+                                  "is not on one (tmpfs, overlay or a network file system): give --workdir on "
+                                  "a local disk, or run another --scenario")
+
+
 def settle_check(run: RunCapture) -> Check:
     return Check(run.label, "agent settled (error: seconds waited)", 1.0, 1.0 if run.settled else 0.0,
                  run.settle_seconds, "totals stable before the deadline", run.settled)
@@ -54,6 +68,8 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
     meta: dict[str, Any] = {"kvscope": __version__, "python": platform.python_version(), "scenarios": {}}
     with tempfile.TemporaryDirectory(prefix="kvscope-selftest-") as tmp:
         base = workdir or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        check_runnable(plans, base)
         for name, plan in plans.items():
             if isinstance(plan, NoisyPlan):
                 start = time.monotonic()

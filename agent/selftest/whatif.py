@@ -5,7 +5,7 @@
    gpt-oss-120b's KV geometry (36,864 B/token), scaled in count, with G1, G2 and G3, announcing every G1
    reuse in its KV events (vLLM's kv_cache_report_mode=full). The agent is attached as usual, with the
    what-if analysis.
-2. Before the agent stops, the profile is fetched from its endpoint (POST /whatif/profile, what `kvscope
+2. Before the agent stops, the profile is fetched from its endpoint (GET /whatif/profile, what `kvscope
    what-if --url` reads) and replayed at the plan's scenarios: by default G1 twice as large, and G2 removed.
 3. The engine runs the same requests at each scenario's sizes; its truth (tokens per tier, TTFT) is compared
    with the prediction: the share of looked-up tokens each tier served within 3 percentage points, mean
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from kvscope.agent.reference.geometry import preset
 from kvscope.agent.reference.scenarios import prefix_order, run_load
 from kvscope.agent.selftest.checks import Check, engine_samples
 from kvscope.agent.selftest.harness import Harness, RunCapture
+from kvscope.agent.whatif.cli import fetch
 from kvscope.agent.whatif.hierarchy import TIERS
 from kvscope.agent.whatif.metrics import HIT_TOKENS
 from kvscope.agent.whatif.predict import Prediction, replay
@@ -95,8 +95,7 @@ class WhatIfPlan:
         profiles: dict[str, bytes] = {}
         urls: dict[str, str] = {}
         harness.on_start = lambda label, _engine, _url, agent: urls.__setitem__(label, agent)
-        harness.on_stop = lambda label: profiles.__setitem__(label, _post(
-            urls[label].removesuffix("/metrics") + "/whatif/profile"))
+        harness.on_stop = lambda label: profiles.__setitem__(label, fetch(urls[label]))
         harness.prefix = "today "
         run_load(self.config(data_dir / "today", self.today), "today", order, self.concurrency, harness.attached)
         (harness.workdir / "whatif-profile.json").write_bytes(profiles["today cache"])  # kvscope what-if --recording
@@ -110,12 +109,6 @@ class WhatIfPlan:
             result.runs[p.scenario.name] = harness.runs[-1]
         harness.on_start = harness.on_stop = None
         return result
-
-
-def _post(url: str) -> bytes:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(urllib.request.Request(url, data=b"", method="POST"), timeout=30) as response:
-        return bytes(response.read())
 
 
 @dataclass

@@ -3,7 +3,7 @@
     kvscope what-if --url http://127.0.0.1:9474 --g1 2x --g2 64GiB --g3 0 [--chart whatif.png] [--json F]
     kvscope what-if --recording /var/lib/kvscope/whatif.json --scenario big-g4:G4=1PB
 
-It reads the what-if profile of a running agent (POST /whatif/profile on its /metrics port) or one the
+It reads the what-if profile of a running agent (GET /whatif/profile on its /metrics port) or one the
 agent wrote (`[analyses.whatif] recording`), replays its sampled access trace at today's sizes and at the
 asked ones (predict.py), and prints a table; `--chart` also sweeps one tier through sizes. Charts need
 the `reference` extra (matplotlib).
@@ -12,8 +12,11 @@ the `reference` extra (matplotlib).
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
 import json
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,22 @@ PROFILE_PATH = "/whatif/profile"
 
 
 def fetch(url: str, timeout: float = 30.0) -> bytes:
-    """The profile of a running agent; `url` is its address, with or without /metrics."""
+    """The profile of a running agent; `url` is its address, with or without /metrics, and with user:password@
+    when its web config asks for basic auth."""
     base = url.rstrip("/").removesuffix("/metrics").removesuffix(PROFILE_PATH)
     if "://" not in base:
         base = "http://" + base
+    parts = urllib.parse.urlsplit(base)
+    headers = {"Accept-Encoding": "gzip"}
+    if parts.username is not None:
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        base = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(base + PROFILE_PATH, data=b"", method="POST")
+    request = urllib.request.Request(base + PROFILE_PATH, headers=headers)
     with opener.open(request, timeout=timeout) as response:
-        return bytes(response.read())
+        body = bytes(response.read())
+        return gzip.decompress(body) if response.headers.get("Content-Encoding") == "gzip" else body
 
 
 def asked_scenarios(args: argparse.Namespace) -> list[Scenario]:
@@ -114,7 +125,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("what-if", help="predicted hit shares and TTFT at other tier sizes, from a running agent or "
                        "a recording", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--url", help="a running agent, e.g. http://127.0.0.1:9474 (its POST /whatif/profile)")
+    source.add_argument("--url", help="a running agent, e.g. http://127.0.0.1:9474 (its GET /whatif/profile)")
     source.add_argument("--recording", type=Path, help="a profile the agent wrote ([analyses.whatif] recording)")
     for tier in TIERS:
         p.add_argument(f"--{tier.lower()}", metavar="SIZE",

@@ -9,7 +9,7 @@ Each run, for every KV-event publisher the collector hands accesses for (kvscope
 3. the requests the correlation analysis attributed since the last run (RecentRequests) get a predicted
    TTFT per scenario (predict.py) from its cost model and tier fetch models, read from the store.
 
-It serves the profile (profile.py) at POST /whatif/profile on the agent's /metrics port and writes it
+It serves the profile (profile.py) at GET /whatif/profile on the agent's /metrics port and writes it
 to `recording`: `kvscope what-if` replays that at any sizes.
 """
 
@@ -40,7 +40,7 @@ from kvscope.agent.whatif.stream import Counters, Setup, StreamState
 
 log = logging.getLogger("kvscope.whatif")
 PROFILE_ROUTE = "/whatif/profile"
-Route = Callable[[bytes], tuple[int, str, bytes]]
+Route = Callable[[], tuple[bytes, str]]  # a GET route beside /metrics: (body, content type)
 
 
 class WhatIfAnalysis:
@@ -285,8 +285,8 @@ class WhatIfAnalysis:
     def routes(self) -> dict[str, Route]:
         return {PROFILE_ROUTE: self._serve_profile}
 
-    def _serve_profile(self, _body: bytes) -> tuple[int, str, bytes]:
-        return 200, "application/json", dumps(self.profiles(), self._wall())
+    def _serve_profile(self) -> tuple[bytes, str]:
+        return dumps(self.profiles(), self._wall()), "application/json"
 
     def _record(self) -> None:
         path, now = self._o.recording, self._wall()

@@ -2,7 +2,7 @@
 
 The agent builds it from what it holds (the sampled access trace, today's tier sizes, the engine's
 counters, the correlation analysis' cost model and the recent requests); it serves it to `kvscope
-what-if --url` (POST /whatif/profile) and writes it to a file (`[analyses.whatif] recording`), which is
+what-if --url` (GET /whatif/profile) and writes it to a file (`[analyses.whatif] recording`), which is
 what `kvscope what-if --recording FILE` reads. JSON, one object:
 
     {"format": "kvscope.whatif.profile", "version": 1, "written": <unix seconds>, "streams": [<stream>...]}
