@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
@@ -26,6 +26,8 @@ generate_openmetrics: Callable[[CollectorRegistry], bytes] = _generate_openmetri
 # Our names are all legacy-valid, so the classic text format is exact; every Prometheus reads it.
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_BODY_BYTES = 4096  # /metrics takes no body; a small one is read and ignored
+# a read-only document an analysis serves beside /metrics (the what-if profile): () -> (body, content type)
+Route = Callable[[], tuple[bytes, str]]
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
 <p><a href="/metrics">metrics</a></p></body></html>
@@ -36,8 +38,9 @@ class MetricsServer:
     """Serves the store on HOST:PORT from its own thread (a sink: `start()`, `stop()`, `reload()`)."""
 
     def __init__(self, store: Store, host: str, port: int, web: WebConfig | None = None,
-                 limits: HttpLimits | None = None) -> None:
+                 limits: HttpLimits | None = None, routes: Mapping[str, Route] | None = None) -> None:
         self.store = store
+        self.routes = dict(routes or {})  # GET path -> document, behind the same TLS and auth as /metrics
         self.renderer = TextRenderer(store)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StoreCollector(store))
@@ -69,8 +72,12 @@ class MetricsServer:
             response.headers.append(("Allow", "GET, HEAD"))
             return response
         path = request.path
-        if path == "/metrics":
-            body, ctype = self.exposition(request.headers.get("accept", "") or "")
+        route = self.routes.get(path)
+        if path == "/metrics" or route is not None:
+            if route is None:
+                body, ctype = self.exposition(request.headers.get("accept", "") or "")
+            else:
+                body, ctype = route()
             if "gzip" in (request.headers.get("accept-encoding") or "") and len(body) > 512:
                 return Response(200, gzip.compress(body, compresslevel=1), ctype, [("Content-Encoding", "gzip")])
             return Response(200, body, ctype)
