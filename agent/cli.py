@@ -32,6 +32,7 @@ EXTENSIONS = {
     "demo": ("kvscope.agent.selftest.cli", "reference",
              "shared prompts through G1-G4 with the agent attached: progress, both /metrics endpoints, a report"),
     "analyze": ("kvscope.agent.analyze.cli", "", "offline report from an AIPerf output directory"),
+    "what-if": ("kvscope.agent.whatif.cli", "", "hit shares and TTFT at other tier sizes (agent or recording)"),
 }
 
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kvscope.agent.catalogue import MetricSpec
+from kvscope.agent.kv_access import KvAccessLog
 from kvscope.agent.readings import Reading
-from kvscope.agent.records import AttributedRequest, RecordBuffer
+from kvscope.agent.records import AttributedRequest, RecentRequests, RecordBuffer
 from kvscope.agent.store import Store
 
 Root = Literal["proc", "sys"]
@@ -47,6 +48,8 @@ class CollectorContext:
     request_records: RecordBuffer = field(default_factory=RecordBuffer)
     # the collectors config enables (engine autodetection stands down when an engine adapter is among them)
     enabled_collectors: frozenset[str] = frozenset()
+    # where the KV-event collector hands its sampled G1 accesses to the what-if analysis (None: it is off)
+    kv_access: KvAccessLog | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,9 @@ class AnalysisInputs:
     gpu_intervals: GpuIntervals | None = None
     request_sinks: Sequence[RequestSink] = ()
     wall_clock: Callable[[], float] = time.time
+    # the KV-event collector's sampled G1 accesses, and the latest attributed requests (the what-if analysis)
+    kv_access: KvAccessLog | None = None
+    recent_requests: RecentRequests | None = None
 
 
 @dataclass(frozen=True, slots=True)

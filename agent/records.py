@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -143,3 +143,31 @@ class AttributedRequest:
     # how far the two counterfactuals can be trusted: "high" when the prefill cost model was fitted with
     # its coefficients pinned down, "low" when it fell back to a prior; "" when there is no counterfactual
     confidence: str = ""
+
+
+class RecentRequests:
+    """The latest attributed requests, kept for analyses that read them after the correlation analysis.
+
+    The wiring hands it to the correlation analysis as one more request sink (RequestSink), and to the
+    analyses that need per-request figures (the what-if analysis) through AnalysisInputs. Bounded: when a
+    reader falls more than `capacity` requests behind, it misses the oldest (`since` says how many)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self._items: deque[AttributedRequest] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self.written = 0  # requests written since start
+
+    def write(self, results: Sequence[AttributedRequest]) -> None:
+        with self._lock:
+            self._items.extend(results)
+            self.written += len(results)
+
+    def since(self, cursor: int) -> tuple[list[AttributedRequest], int, int]:
+        """(requests written after `cursor`, the new cursor, how many of them were already gone)."""
+        with self._lock:
+            new = self.written - cursor
+            kept = min(new, len(self._items))
+            out = list(self._items)[len(self._items) - kept:] if kept > 0 else []
+            return out, self.written, max(0, new - kept)

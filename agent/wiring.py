@@ -3,8 +3,10 @@
 sources (collectors) → store → analyses → sinks. Shared objects are made here and handed to their
 users as typed constructor arguments: the request-record buffer (OTLP receiver → correlation
 analysis, sized by `analyses.correlation.record_buffer`), the GPU busy intervals (NVML collector, or
-whatever the caller passes, → correlation analysis) and the request sinks (correlation analysis →
-JSON Lines, OTLP traces). Nothing on this path imports the reference pipeline, the self-test or the
+whatever the caller passes, → correlation analysis), the request sinks (correlation analysis →
+JSON Lines, OTLP traces, and the latest requests the what-if analysis reads) and, with the what-if
+analysis on, the KV access log (KV-event collector → what-if analysis; its profile route goes on the
+/metrics server). Nothing on this path imports the reference pipeline, the self-test or the
 offline reports, nor the OpenTelemetry SDK unless an OTLP exporter is enabled (the `otlp` extra).
 """
 
@@ -23,6 +25,7 @@ from kvscope.agent.config import Config, ConfigError, parse_listen
 from kvscope.agent.contract import CONTRACT_METRICS
 from kvscope.agent.correlation.engine import SPEC as CORRELATION_SPEC
 from kvscope.agent.correlation.options import CorrelationOptions
+from kvscope.agent.kv_access import KvAccessLog
 from kvscope.agent.pipeline import (
     Analysis,
     AnalysisInputs,
@@ -33,10 +36,12 @@ from kvscope.agent.pipeline import (
     RequestSink,
     Sink,
 )
-from kvscope.agent.records import RecordBuffer
+from kvscope.agent.records import RecentRequests, RecordBuffer
 from kvscope.agent.scheduler import Scheduler, analysis_job, collector_job
 from kvscope.agent.store import Store
 from kvscope.agent.webconfig import load_web_config
+from kvscope.agent.whatif.engine import SPEC as WHATIF_SPEC
+from kvscope.agent.whatif.engine import WhatIfAnalysis
 from kvscope.collectors.gpu_nvml import NvmlCollector
 from kvscope.collectors.registry import collector_specs
 from kvscope.exporters import jsonl, otlp_settings
@@ -49,7 +54,8 @@ SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS)
 
 def components() -> Components:
     """Every collector and analysis kvscope can run, by the names its configuration uses."""
-    return Components(collectors=collector_specs(), analyses={CORRELATION_SPEC.name: CORRELATION_SPEC})
+    return Components(collectors=collector_specs(),
+                      analyses={CORRELATION_SPEC.name: CORRELATION_SPEC, WHATIF_SPEC.name: WHATIF_SPEC})
 
 
 def all_metric_specs(parts: Components | None = None) -> list[MetricSpec]:
@@ -115,8 +121,13 @@ def build_agent(
     correlation = config.analyses.get(CORRELATION_SPEC.name)
     capacity = correlation[1].record_buffer if correlation is not None else CorrelationOptions().record_buffer
     records = RecordBuffer(capacity)
+    # the what-if analysis' inputs: the KV-event collector's sampled G1 accesses, the latest attributed requests
+    whatif = config.analyses.get(WHATIF_SPEC.name)
+    kv_access = KvAccessLog(whatif[1].queue_blocks) if whatif is not None and whatif[0].enabled else None
+    recent = RecentRequests(whatif[1].requests) if kv_access is not None and whatif is not None else None
     enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
-    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled)
+    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled,
+                               kv_access)
 
     # readers of the store (the /metrics server, the OTLP exporter) go through the scheduler: the host
     # collectors run when read (agent.collect_on_read)
@@ -142,7 +153,9 @@ def build_agent(
     otlp = otlp_settings.resolve(config.exporters.otlp, environ)
     if otlp.metrics is not None or otlp.traces is not None:
         sinks.extend(_otlp_sinks(otlp, store, request_sinks, environ, wall_clock, scheduler.refresh))
-    inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock)
+    if recent is not None:
+        request_sinks.append(recent)
+    inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock, kv_access, recent)
     analyses: dict[str, Analysis] = {}
     for name, (settings, options) in config.analyses.items():
         if settings.enabled:
@@ -153,7 +166,9 @@ def build_agent(
     prom = config.exporters.prometheus
     if prom.enabled:
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
-        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http,
+        routes = {path: route for a in analyses.values() if isinstance(a, WhatIfAnalysis)
+                  for path, route in a.routes().items()}
+        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http, routes,
                                scheduler=scheduler)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)

@@ -1,7 +1,8 @@
 """Benchmark of the vLLM KV-event subscriber (collectors/vllm_kv_events.py), issue 16 goal 3.
 
 (a) Decode + aggregate rate of our pipeline (frame checks, msgspec decode, sequence check, residency and
-    reuse distance: everything `handle()` does for a live message) on one core (the process is pinned to
+    reuse distance, the what-if analysis' access stream: everything `handle()` does for a live message, in the
+    agent's default configuration) on one core (the process is pinned to
     one CPU), next to msgspec's raw typed decode of the same batches in the same run: the full vLLM
     schema (the reference of shared/facts/perf-baselines.md §3) and the subset of fields we decode.
     Batches: 32 events, full-range uint64 hashes, parent = previous hash, 16 token ids below 128256,
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import msgspec
 import zmq
 
+from kvscope.agent.kv_access import KvAccessLog
 from kvscope.agent.reference.vllm_kv_wire import (
     Vllm020Batch,
     Vllm020BlockStored,
@@ -84,9 +86,11 @@ def options(endpoint: str = "tcp://127.0.0.1:1", rcvhwm: int = 100000,
 # -- (a) decode + aggregate ------------------------------------------------------------------------------
 
 
-def run_pipeline(ctx: zmq.Context[Any], frames: list[list[bytes]], rate: float) -> float:
-    """Events/s of collector.handle() over `frames` with a fresh collector (a new subscriber)."""
-    collector = VllmKvEventsCollector(options(rate=rate), ctx)
+def run_pipeline(ctx: zmq.Context[Any], frames: list[list[bytes]], rate: float, what_if: bool = True) -> float:
+    """Events/s of collector.handle() over `frames` with a fresh collector (a new subscriber). `what_if`: the
+    agent's default, the what-if analysis on, so the collector also hands its sampled G1 stores to an access
+    log (nothing drains it here: its bounded queue stays full, as when the analysis falls behind)."""
+    collector = VllmKvEventsCollector(options(rate=rate), ctx, access_log=KvAccessLog(1 << 16) if what_if else None)
     stream = collector.streams[0]
     handle = collector.handle
     t0 = time.perf_counter()
@@ -133,6 +137,8 @@ def bench_decode(ctx: zmq.Context[Any], rounds: int = 15) -> None:
         ("raw msgspec decode, subset structs (MapBatch)", lambda: run_raw(sub33, new), ref33),
         ("raw msgspec decode, GPU-stores subset (ours here)", lambda: run_raw(gpu33, new), ref33),
         (goal_case, lambda: run_pipeline(ctx, seq_frames(new), DEFAULT_RATE), ref33),
+        ("kvscope, new blocks (default, what-if analysis off)",
+         lambda: run_pipeline(ctx, seq_frames(new), DEFAULT_RATE, what_if=False), ref33),
         ("kvscope, new blocks (exact reuse, rate 1)", lambda: run_pipeline(ctx, seq_frames(new), 1.0), ref33),
         (f"kvscope, half the stores are reuses ({rate})",
          lambda: run_pipeline(ctx, seq_frames(new, 2), DEFAULT_RATE), ref33),

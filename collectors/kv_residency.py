@@ -5,7 +5,8 @@ whenever read). vLLM re-announces blocks it reuses when a request asks for `kv_c
 store of a block already resident changes nothing; a removal of a block we never saw (stored before we
 joined, or in a lost batch) is ignored and counted.
 
-Each tier also feeds its stores to a reuse-distance tracker (kv_reuse.py).
+Each tier also feeds its stores to a reuse-distance tracker (kv_reuse.py); G1's tracker also hands its
+sampled stores to the what-if analysis' access stream, when one is given (kvscope.agent.kv_access).
 
 Block size: each tier also remembers the `block_size` (tokens per block hash) its resident blocks were
 stored with, so that resident blocks × block_size × KV bytes per token gives the bytes the tier holds.
@@ -26,6 +27,7 @@ from itertools import chain, groupby
 from operator import attrgetter, countOf
 from typing import TYPE_CHECKING, Any
 
+from kvscope.agent.kv_access import BATCH, AccessStream
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_event_schema import CLEARED, STORED
 from kvscope.collectors.kv_reuse import ReuseTracker
@@ -108,9 +110,12 @@ class TierState:
 class Residency:
     """Residency, counters and reuse of one publisher (one data-parallel rank), per tier."""
 
-    def __init__(self, max_tracked: int, sample_rate: float = 1.0) -> None:
+    def __init__(self, max_tracked: int, sample_rate: float = 1.0, access: AccessStream | None = None) -> None:
         self._max_tracked = max_tracked
         self._sample_rate = sample_rate
+        self.access = access
+        # with the what-if analysis on: a marker before each batch's sampled G1 keys (kvscope.agent.kv_access)
+        self._mark = access.queue.append if access is not None else None
         self.tiers: dict[Tier, TierState] = {}
         self.events = [0, 0, 0]  # by kind: STORED, REMOVED, CLEARED
         self.unknown_events = 0
@@ -121,6 +126,8 @@ class Residency:
         state = self.tiers.get(tier)
         if state is None:
             state = self.tiers[tier] = TierState(self._max_tracked, self.complete, self._sample_rate)
+            if tier is Tier.G1 and self.access is not None:
+                state.reuse.forward = self.access.queue.extend
         return state
 
     def _state_for(self, medium: str | None, locality: str | None) -> TierState:
@@ -141,6 +148,9 @@ class Residency:
         """
         counts = self.events
         self.unknown_events += unknown
+        mark = self._mark
+        if mark is not None:
+            mark(BATCH)
         if gpu_stores_only:
             if events:
                 counts[STORED] += len(events)
@@ -222,6 +232,8 @@ class Residency:
             state.resident.clear()
             state.emptied()
             state.reuse.reset()
+        if self.access is not None:
+            self.access.reset()
 
 
 def _fold_block_size(state: TierState, first: Any, last: Any) -> None:

@@ -8,13 +8,15 @@ it). Computed in O(log n) per reuse and O(1) per first use on a hash-sampled sub
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from math import ceil
+from typing import Any
+
+from kvscope.agent.kv_access import block_key
 
 # Bucket upper bounds of the reuse-distance histogram: 0, then powers of two up to 2**20 blocks.
 REUSE_BOUNDS: tuple[float, ...] = (0.0, *(float(2**i) for i in range(21)))
 _INF_SLOT = len(REUSE_BOUNDS)
-_U64 = 2**64 - 1
 
 
 def sample_key(key: Hashable) -> int:
@@ -22,13 +24,9 @@ def sample_key(key: Hashable) -> int:
 
     vLLM's int block hash is the low 64 bits of a cryptographic digest, so it is already uniform; a bytes
     hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) is the whole digest, whose last 8 bytes are that same
-    int, so both modes sample the same blocks. Anything else falls back to Python's hash().
+    int, so both modes sample the same blocks. Anything else falls back to Python's hash() (block_key).
     """
-    if isinstance(key, int):
-        return key
-    if isinstance(key, bytes):
-        return int.from_bytes(key[-8:], "big")
-    return hash(key) & _U64
+    return block_key(key)
 
 
 class ReuseTracker:
@@ -74,6 +72,9 @@ class ReuseTracker:
         self.sum = 0.0  # of scaled distances of sampled reuses
         self.evicted = 0  # sampled blocks forgotten (see estimated_evicted)
         self.uses = 0  # sampled uses (see estimated_uses)
+        # where the sampled uses also go, in order (the what-if analysis' access stream, kvscope.agent.kv_access):
+        # one C-level extend per call, set only for the tier whose stores are the access stream (G1)
+        self.forward: Callable[[Any], object] | None = None
 
     @property
     def tracked(self) -> int:
@@ -107,6 +108,8 @@ class ReuseTracker:
             if not keys:
                 return
         self.uses += len(keys)
+        if self.forward is not None:
+            self.forward(keys)
         last = self._last
         t = self._now
         n = len(keys)

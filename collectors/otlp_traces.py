@@ -185,6 +185,8 @@ def decode_export(body: bytes, content_type: str, labels: Labels) -> Decoded:
             request.ParseFromString(body)
         elif content_type == JSON:
             tree = json.loads(body.decode("utf-8"))
+            if not isinstance(tree, dict):
+                raise ValueError(f"an OTLP/JSON export is an object, not {type(tree).__name__}")
             json_format.ParseDict(_hex_ids_to_base64(tree), request, ignore_unknown_fields=True)
         else:
             raise ValueError(f"unsupported content type {content_type!r}")

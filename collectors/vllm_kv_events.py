@@ -26,6 +26,7 @@ import zmq
 
 from kvscope.agent.catalogue import counter, gauge, histogram
 from kvscope.agent.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS, TIER_USED_BYTES
+from kvscope.agent.kv_access import KvAccessLog
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
@@ -209,7 +210,7 @@ class VllmKvEventsOptions:
 
 class VllmKvEventsCollector:
     def __init__(self, options: VllmKvEventsOptions, zmq_context: zmq.Context[Any] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, access_log: KvAccessLog | None = None) -> None:
         self._opts = options
         self._own_ctx = zmq_context is None
         self._ctx: zmq.Context[Any] = zmq_context if zmq_context is not None else zmq.Context()
@@ -220,11 +221,14 @@ class VllmKvEventsCollector:
         self.ready = threading.Event()  # set once every SUB socket is connected and subscribed
         self._thread: threading.Thread | None = None
         self.thread_restarts = 0  # socket threads that died and were started again
+        # with the what-if analysis on, each rank's sampled G1 stores also go to its access stream
+        labels = [(options.engine, options.model, str(r)) for r in range(options.data_parallel_size)]
         self.streams = [
             Stream(r, rank_endpoint(options.endpoint, r),
                    rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
-                   Residency(options.reuse_max_tracked_blocks, options.reuse_sample_rate),
-                   (options.engine, options.model, str(r)))
+                   Residency(options.reuse_max_tracked_blocks, options.reuse_sample_rate,
+                             access_log.stream(labels[r], options.reuse_sample_rate) if access_log else None),
+                   labels[r])
             for r in range(options.data_parallel_size)
         ]
         self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
@@ -364,11 +368,19 @@ class VllmKvEventsCollector:
             out.append(HistogramSample(REUSE_DISTANCE, tl, buckets, total, count))
             out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.estimated_evicted))
             out.append(Sample(REUSE_STORES_TOTAL, tl, st.reuse.estimated_uses))
+        if res.access is not None:
+            g1 = res.tier(Tier.G1)
+            meta = res.access.meta
+            meta.block_tokens = g1.block_tokens(self._opts.default_block_size)
+            meta.bytes_per_token = bytes_per_token
+            meta.sampled_accesses = g1.reuse.uses
+            meta.new_blocks = g1.stored
+            meta.complete = g1.known
         return out
 
 
 def _factory(options: VllmKvEventsOptions, context: CollectorContext) -> VllmKvEventsCollector:
-    return VllmKvEventsCollector(options, None, context.clock)
+    return VllmKvEventsCollector(options, None, context.clock, context.kv_access)
 
 
 SPEC = CollectorSpec(

@@ -114,10 +114,39 @@ def build() -> Dashboard:
             [Query(f"sum by (tier) (kvscope_tier_capacity_tokens{{{ENGINE}, {TIER}}})", "{{tier}}", instant=True)],
             span=8),
     ]
+    what_if = [
+        bargauge_panel("What if the tiers were other sizes: served share", (
+            "Share of the looked-up prompt tokens the cache would serve at each scenario's tier sizes over the time "
+            "range, beside what it served (measured). The what-if analysis replays the engine's access stream from "
+            "its KV events (needs kv_cache_report_mode=full) through models of the tiers at today's sizes and at "
+            "each scenario's (G1x2: G1 twice as large; configured ones by name), and counts the tokens each would "
+            "serve (kvscope_whatif_hit_tokens_total). Shown: the measured share scaled by each model's count over "
+            "the today model's, which cancels most of the sampling error (docs/whatif.md)."), "percentunit",
+            [Query(f"sum by (scenario) (increase(kvscope_whatif_hit_tokens_total{{{ENGINE}}}[$__range]))"
+                   " / on() group_left() (sum(increase(kvscope_whatif_hit_tokens_total"
+                   f'{{{ENGINE}, scenario="today"}}[$__range])) > 0)'
+                   f" * on() group_left() (sum(increase(kvscope_kv_hit_tokens_total{{{ENGINE}}}[$__range]))"
+                   f" / (sum(increase(kvscope_kv_lookup_tokens_total{{{ENGINE}}}[$__range])) > 0))",
+                   "{{scenario}}", instant=True),
+             Query(f"sum(increase(kvscope_kv_hit_tokens_total{{{ENGINE}}}[$__range]))"
+                   f" / (sum(increase(kvscope_kv_lookup_tokens_total{{{ENGINE}}}[$__range])) > 0)",
+                   "measured", instant=True)]),
+        timeseries_panel("What if the tiers were other sizes: TTFT", (
+            "Predicted time to first token of the attributed requests at each scenario's sizes: p50 from the "
+            "predicted histogram (solid) and mean (dashed), with the correlation analysis' cost and fetch models "
+            "(kvscope_whatif_ttft_seconds). Scenario today is the measured TTFT; read "
+            "kvscope_prefill_cost_confident beside it: at 0 the cost model kept its prior's shape."), "s",
+            [Query("histogram_quantile(0.5, sum by (scenario, le) "
+                   f"(rate(kvscope_whatif_ttft_seconds_bucket{{{ENGINE}}}[$__rate_interval])))", "{{scenario}} p50"),
+             Query(f"sum by (scenario) (rate(kvscope_whatif_ttft_seconds_sum{{{ENGINE}}}[$__rate_interval]))"
+                   f" / sum by (scenario) (rate(kvscope_whatif_ttft_seconds_count{{{ENGINE}}}[$__rate_interval]))",
+                   "{{scenario}} mean")], dashed=[1]),
+    ]
     return build_dashboard(
         "kvscope / KV tiers overview", UID,
         "Is the KV-cache hierarchy paying off? Hit rates per tier, bytes per link, residency and capacity, "
-        "and the prefill time the cache saved.",
+        "the prefill time the cache saved, and what other tier sizes would serve.",
         ("instance", "engine", "model", "tier"),
         [("Is the cache paying off?", paying_off), ("Hit rates per tier", hit_rates),
-         ("Bytes per link", links), ("Residency and capacity", residency)])
+         ("Bytes per link", links), ("Residency and capacity", residency),
+         ("What if the tiers were other sizes?", what_if)])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from kvscope.agent.http_messages import Request, Response, text
@@ -35,6 +36,8 @@ MAX_BODY_BYTES = 4096  # /metrics takes no body; a small one is read and ignored
 _OPENMETRICS_VERSIONS = (None, "1.0.0", "0.0.1")
 _TEXT_VERSIONS = (None, "0.0.4")
 _NEGOTIATED_CACHE = 64  # distinct Accept headers remembered (a scraper sends the same one each time)
+# a read-only document an analysis serves beside /metrics (the what-if profile): () -> (body, content type)
+Route = Callable[[], tuple[bytes, str]]
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
 <p><a href="/metrics">metrics</a></p></body></html>
@@ -45,8 +48,10 @@ class MetricsServer:
     """Serves the store on HOST:PORT from its own thread (a sink: `start()`, `stop()`, `reload()`)."""
 
     def __init__(self, store: Store, host: str, port: int, web: WebConfig | None = None,
-                 limits: HttpLimits | None = None, scheduler: Scheduler | None = None) -> None:
+                 limits: HttpLimits | None = None, routes: Mapping[str, Route] | None = None,
+                 scheduler: Scheduler | None = None) -> None:
         self.store = store
+        self.routes = dict(routes or {})  # GET path -> document, behind the same TLS and auth as /metrics
         self.renderer = TextRenderer(store)
         self._negotiated: dict[str, bool] = {}
         self._scheduler = scheduler
@@ -97,8 +102,12 @@ class MetricsServer:
             response.headers.append(("Allow", "GET, HEAD"))
             return response
         path = request.path
-        if path == "/metrics":
-            body, ctype = self.exposition(request.headers.get("accept", "") or "")
+        route = self.routes.get(path)
+        if path == "/metrics" or route is not None:
+            if route is None:
+                body, ctype = self.exposition(request.headers.get("accept", "") or "")
+            else:
+                body, ctype = route()
             if "gzip" in (request.headers.get("accept-encoding") or "") and len(body) > 512:
                 # zlib with gzip framing (wbits 31): gzip.compress's wrapper costs a third more on a small page
                 return Response(200, zlib.compress(body, 1, 31), ctype, [("Content-Encoding", "gzip")])

@@ -21,7 +21,7 @@ PACKAGES = ("agent", "collectors", "exporters", "dashboards")
 CORE = {f"kvscope.agent.{name}" for name in (
     "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "scheduler_jobs",
     "scheduler_threads", "config", "binding", "http_server", "http_connection", "http_messages", "basic_auth",
-    "webconfig", "extras", "logs",
+    "webconfig", "extras", "logs", "kv_access",
 )} | {"kvscope.agent"}
 COMPOSITION = {f"kvscope.agent.{name}" for name in ("wiring", "cli", "flags", "preflight")}
 TOOLS = ("kvscope.agent.reference", "kvscope.agent.selftest", "kvscope.agent.analyze")
@@ -47,7 +47,8 @@ def layer(module: str) -> str | None:
         return "composition"
     if module.startswith(TOOLS):
         return "tools"
-    for prefix, name in (("kvscope.agent.correlation", "analysis"), ("kvscope.collectors", "collector"),
+    for prefix, name in (("kvscope.agent.correlation", "analysis"), ("kvscope.agent.whatif", "analysis"),
+                         ("kvscope.collectors", "collector"),
                          ("kvscope.exporters", "sink"), ("kvscope.dashboards", "dashboards")):
         if module == prefix or module.startswith(prefix + "."):
             return name

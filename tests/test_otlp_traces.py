@@ -78,6 +78,9 @@ def test_otlp_json_ids_are_hex_as_the_otlp_spec_writes_them() -> None:
     nested = b'{"resourceSpans":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with pytest.raises(ValueError):
         decode_export(nested, "application/json", Labels())
+    for not_an_object in (b"0", b'"x"', b"[]", b"null"):
+        with pytest.raises(ValueError):
+            decode_export(not_an_object, "application/json", Labels())
 
 
 @pytest.fixture

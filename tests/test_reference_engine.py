@@ -17,12 +17,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.agent.reference.blocks import BlockId
 from kvscope.agent.reference.engine import Engine, EngineConfig
 from kvscope.agent.reference.geometry import KVGeometry
 from kvscope.agent.reference.kv_publisher import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvscope.agent.reference.openai_server import ReferenceServer
+from kvscope.agent.reference.tierstore import BlockEvent
 from kvscope.agent.reference.tracing import RequestTracer
 from kvscope.agent.reference.truth import read_truth
+from kvscope.agent.tiers import Tier
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 TINY = KVGeometry("tiny", 4, 2, 64)  # 2 KiB per token: 32 KiB blocks of 16 tokens
@@ -256,3 +259,14 @@ def test_a_corrupt_g4_block_is_recomputed_and_counted(running: Running, tmp_path
     warm = running.engine.truth.records[1]
     assert warm.block_errors == 1
     assert warm.tokens_by_tier.get("G4", 0) + warm.computed_tokens == warm.prompt_tokens
+
+
+def test_g1_reuses_are_published_only_in_full_report_mode(tmp_path: Path) -> None:
+    for full in (False, True):
+        engine = Engine(EngineConfig(data_dir=tmp_path / str(full), kv_events_endpoint=None,
+                                     kv_cache_report_full=full))
+        try:
+            engine.block_event(BlockEvent("reused", Tier.G1, BlockId(7, None, ())))
+            assert len(engine._events) == (1 if full else 0)
+        finally:
+            engine.stop()

@@ -32,6 +32,11 @@ def test_the_printed_configuration_is_one_the_agent_loads() -> None:
     settings, otlp = config.collectors["otlp_traces"]
     assert settings.enabled and otlp.listen == "127.0.0.1:4318"  # where the engine sends its spans
     assert config.collectors["disk"][1].include == ["vda"]
+    # the what-if analysis gets the sizes vLLM's /metrics does not give (G3, G4) and writes its recording
+    whatif = load_config(agent_config(WatchedEngine("http://h:1/metrics", "m", 2048, "tcp://h:2", None, None, None,
+                                                    {"G3": 0, "G4": 1 << 30}, True)), components(), environ={})
+    assert whatif.analyses["whatif"][1].tier_sizes == {"G3": "0B", "G4": f"{1 << 30}B"}
+    assert whatif.analyses["whatif"][1].recording == "kvscope_whatif.json"
     # without a span endpoint there is no receiver to configure, and no KV events section without events
     bare = load_config(agent_config(WatchedEngine("http://h:1/metrics", "m", 2048)), components(), environ={})
     assert not bare.collectors["otlp_traces"][0].enabled and not bare.collectors["vllm_kv_events"][0].enabled

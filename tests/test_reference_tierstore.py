@@ -123,7 +123,11 @@ def test_seeds_configuration_every_reuse_comes_from_g4(tmp_path: Path) -> None:
     prompt = blocks(5)
     assert serve(store, prompt) == []
     assert store.resident(G1) == 0 and store.resident(G2) == 0 and store.resident(G4) == 5
-    assert rec.links() == [(G1, G2), (G2, G4)] * 5  # through the host staging buffer
+    # through the host staging buffer; the store out of G1 is reported once its file is written, and its time
+    # covers the write (the block was not safe below G1 before)
+    assert rec.links() == [(G2, G4), (G1, G2)] * 5
+    for write, store_out in zip(rec.transfers[::2], rec.transfers[1::2], strict=True):
+        assert store_out.start <= write.start and store_out.seconds >= write.seconds
     rec.transfers.clear()
     assert serve(store, prompt) == [G4] * 5
     assert rec.links() == [(G4, G2), (G2, G1)] * 5
@@ -200,3 +204,16 @@ def test_clear_empties_every_tier(tmp_path: Path) -> None:
     store.clear()
     assert [store.resident(t) for t in (G1, G2, G3, G4)] == [0, 0, 0, 0]
     assert list((tmp_path / "g3").glob("*.kvb")) == []
+
+
+def test_every_use_of_a_block_already_in_g1_is_reported_as_a_reuse(tmp_path: Path) -> None:
+    """What vLLM announces for a request with kv_cache_report_mode=full: the engine publishes these only then."""
+    store, rec = make(tmp_path, g1=8)
+    a = blocks(3, seed=1)
+    serve(store, a)
+    rec.events.clear()
+    store.lookup(a)
+    store.fetch(a[:2], [G1, G1])  # the run found in G1 is reused...
+    store.put_computed(a[2])  # ...and so is a block computed while G1 still holds it
+    store.release()
+    assert rec.events == [BlockEvent("reused", G1, b) for b in a]

@@ -38,6 +38,9 @@ class WatchedEngine:
     kv_events_replay: str | None = None
     otlp_traces_endpoint: str | None = None  # where the engine sends its spans (the agent's receiver)
     disk_device: str | None = None  # the whole disk holding G3/G4, when they are on a block device
+    # tiers /metrics does not size (vLLM reports G1 and G2), in bytes: the what-if analysis' today
+    file_tier_bytes: dict[str, int] | None = None
+    reports_reuse: bool = False  # KV events announce G1 reuses (--kv-cache-report-mode full)
 
 
 def _otlp_listen(endpoint: str) -> str | None:
@@ -83,4 +86,12 @@ def agent_config(engine: WatchedEngine, listen: str = "0.0.0.0:9474",
               "enabled = true", f"path = {_s(requests_jsonl)}", ""]
     if engine.disk_device:
         lines += ["[collectors.disk]  # the whole disk holding G3/G4", f"include = [{_s(engine.disk_device)}]", ""]
+    if engine.kv_events:
+        sizes = {t: f"{n}B" for t, n in (engine.file_tier_bytes or {}).items()}
+        lines += ["[analyses.whatif]  # hit shares and TTFT at other tier sizes (kvscope what-if)",
+                  f"tier_sizes = {_table(sizes)}  # G3/G4 (vLLM's /metrics sizes only G1 and G2)",
+                  'recording = "kvscope_whatif.json"  # kvscope what-if --recording reads it']
+        if not engine.reports_reuse:
+            lines.append("# G1 hits are not in the KV events: start serve with --kv-cache-report-mode full")
+        lines.append("")
     return "\n".join(lines)

@@ -63,7 +63,8 @@ def _serve(args: argparse.Namespace) -> int:
         config = _config(args, d, served_model_name=args.served_model_name, truth_path=args.truth,
                          kv_events_endpoint=args.kv_events or None,
                          kv_events_replay_endpoint=args.kv_events_replay or None,
-                         otlp_traces_endpoint=args.otlp_traces_endpoint, default_max_tokens=args.max_tokens)
+                         otlp_traces_endpoint=args.otlp_traces_endpoint, default_max_tokens=args.max_tokens,
+                         kv_cache_report_full=args.kv_cache_report_mode == "full")
         if args.recompute:
             config = recompute_config(config)
         engine = Engine(config)
@@ -95,7 +96,10 @@ def _announce_agent_config(args: argparse.Namespace, engine: Any, url: str, d: P
     watched = WatchedEngine(f"{url}/metrics", engine.config.served_model_name,
                             engine.config.geometry.bytes_per_token, pub.endpoint if pub else None,
                             pub.replay_endpoint if pub else None, args.otlp_traces_endpoint,
-                            block_device_of(g4) if g4.exists() else None)
+                            block_device_of(g4) if g4.exists() else None,
+                            {t: blocks * engine.block_bytes for t, blocks in (("G3", engine.config.g3_blocks),
+                                                                              ("G4", engine.config.g4_blocks))},
+                            engine.config.kv_cache_report_full)
     text = agent_config(watched)
     if args.agent_config is None:
         print("# the agent configuration that watches this engine (save it, then: kvscope run --config FILE)")
@@ -163,6 +167,9 @@ def add_reference_commands(sub: Any) -> None:
     serve.add_argument("--kv-events", default="tcp://127.0.0.1:5557", help="PUB endpoint ('' = off)")
     serve.add_argument("--kv-events-replay", default="tcp://127.0.0.1:5558", help="replay ROUTER ('' = off)")
     serve.add_argument("--otlp-traces-endpoint", help="OTLP/HTTP collector, e.g. http://127.0.0.1:4318")
+    serve.add_argument("--kv-cache-report-mode", choices=("default", "full"), default="default",
+                       help="full: announce every block a request reuses from G1 in the KV events, as vLLM does for "
+                       "a request with kv_cache_report_mode=full (the what-if analysis needs it)")
     serve.add_argument("--recompute", action="store_true",
                        help="a recompute baseline: no prefix caching, no tier keeps anything (every prompt computed)")
     serve.add_argument("--agent-config", type=Path, metavar="FILE",

@@ -74,6 +74,9 @@ class EngineConfig:
     engine_index: str = "0"
     vllm_version: tuple[int, int] = (0, 33)  # /metrics dialect: (0, 33) or (0, 14), the seeds' 0.14.1
     kvbm: bool = False  # also count KVBM's metrics (G2 its host pool, G3/G4 its disk pool): kvbm_dialect.py
+    # announce every block a request reuses from G1 as BlockStored again, as vLLM does for a request with
+    # kv_cache_report_mode=full: the KV events then carry the whole access stream (the what-if analysis needs it)
+    kv_cache_report_full: bool = False
 
     @classmethod
     def seeds_g4(cls, data_dir: Path, **overrides: Any) -> EngineConfig:
@@ -216,6 +219,8 @@ class Engine:
             tr.seconds_by_link[link] = tr.seconds_by_link.get(link, 0.0) + t.seconds
 
     def block_event(self, e: BlockEvent) -> None:
+        if e.kind == "reused" and not self.config.kv_cache_report_full:
+            return
         if threading.current_thread() is self._thread or self.publisher is None:
             with self._events_lock:
                 self._events.append(e)  # published as one batch at the end of the step

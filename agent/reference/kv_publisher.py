@@ -38,7 +38,7 @@ Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 def to_wire(e: BlockEvent) -> BlockStored | BlockRemoved:
     medium, locality = MEDIUM[e.tier]
-    if e.kind == "stored":
+    if e.kind in ("stored", "reused"):  # a reuse is announced again as a store (kv_cache_report_mode=full)
         return BlockStored([e.block.key], e.block.parent, list(e.block.token_ids), len(e.block.token_ids),
                            None, medium, None, locality=locality)
     return BlockRemoved([e.block.key], medium, locality=locality)

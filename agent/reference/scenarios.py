@@ -160,6 +160,47 @@ def prompt_order(requests: int, prompts: int, prompt_tokens: int, seed: int = 0,
     return order
 
 
+def prefix_order(requests: int, seed: int = 0, systems: int = 2, system_tokens: int = 64, documents: int = 16,
+                 document_tokens: tuple[int, int] = (128, 512), question_tokens: tuple[int, int] = (8, 32),
+                 answer_tokens: tuple[int, int] = (16, 48), turns: tuple[int, int] = (2, 6), active: int = 6,
+                 zipf: float = 1.0) -> list[list[int]]:
+    """Prompts that share prefixes at several popularities, as a chat service over documents sees them.
+
+    Each conversation starts with a system prompt (one of `systems`, Zipf-popular: shared by nearly every
+    request), then a document (one of `documents`, Zipf-popular: shared by many conversations), then a
+    question; each later turn (`turns` in all) resends the whole conversation with the previous answer and a
+    new question appended (reused by that conversation's next turn only). `active` conversations are open at
+    once and each request continues one of them at random, so a history is reused after the other
+    conversations' requests: how long it survives is what the cache's size decides. A document's KV depends on
+    the system prompt before it, so each (system, document) pair is a prefix of its own."""
+    rng = np.random.default_rng(seed)
+    system = [_prompt(rng, system_tokens) for _ in range(systems)]
+    docs = [_prompt(rng, int(rng.integers(document_tokens[0], document_tokens[1] + 1))) for _ in range(documents)]
+
+    def popular(n: int) -> int:
+        weights = 1.0 / np.arange(1, n + 1) ** zipf
+        return int(rng.choice(n, p=weights / weights.sum()))
+
+    def tokens(span: tuple[int, int]) -> list[int]:
+        return _prompt(rng, int(rng.integers(span[0], span[1] + 1)))
+
+    open_: list[tuple[list[int], int]] = []  # (history, turns left)
+    order: list[list[int]] = []
+    while len(order) < requests:
+        while len(open_) < active:
+            open_.append((system[popular(systems)] + docs[popular(documents)], int(rng.integers(turns[0],
+                                                                                              turns[1] + 1))))
+        i = int(rng.integers(len(open_)))
+        history, left = open_[i]
+        prompt = history + tokens(question_tokens)
+        order.append(prompt)
+        if left > 1:
+            open_[i] = (prompt + tokens(answer_tokens), left - 1)
+        else:
+            open_.pop(i)
+    return order
+
+
 def cache_config(base: EngineConfig, prompts: int, prompt_tokens: int) -> EngineConfig:
     """`base` with G1 large enough for one prompt and G4 for all of them."""
     bt = base.block_tokens

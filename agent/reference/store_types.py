@@ -46,7 +46,7 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class BlockEvent:
-    kind: str  # "stored" | "removed"
+    kind: str  # "stored" | "removed" | "reused" (a use of a block already in the tier: no residency change)
     tier: Tier
     block: BlockId
 

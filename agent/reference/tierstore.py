@@ -11,14 +11,16 @@ Policy (one thread drives it: the engine's device loop):
   down at once. That is the seeds' G4 test: G1 and G2 keep nothing, every reused block comes from G4
   through the host staging buffer.
 - a block file that is missing, truncated or fails its checksum is a miss and an error, never data.
-Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher.
+Every hop is a Transfer (src, dst, bytes, seconds); residency changes are BlockEvents for the publisher, and
+so is each use of a block already in G1 ("reused": vLLM announces those with kv_cache_report_mode=full).
 
 Offload on the request path: making room (an eviction cascade out of G1 or G2), storing a computed block
 down (write-through, for a G1 that keeps nothing) and waiting for a free write-behind buffer are timed
 apart from the fetch, on an OffloadClock (the engine takes it per request, between its first schedule
 and its first token). A G1 → G2 store's transfer seconds run from the start of the store to the block
 being in G2 or in a write-behind buffer: the copy and what it waited for first (room in G2, a free
-buffer), so the store timer an observer reads (vLLM's `kv_offload_store_time`) covers the eviction.
+buffer), so the store timer an observer reads (vLLM's `kv_offload_store_time`) covers the eviction; a store
+that goes through the staging slot straight to a file (no G2, no write-behind) runs until the file is written.
 
 Write-behind (write_behind > 0 slots, agent.reference.write_behind): a block going down to a file tier
 is written by a background thread; it is found in that tier once written. A lock serialises the store's
@@ -162,6 +164,7 @@ class TieredStore:
             if b.key in self.tiers[G1].lru:
                 self._touch(G1, b.key)
                 self.pinned.add(b.key)
+                self.observer.block_event(BlockEvent("reused", G1, b))
                 return
             slot = self._allocate(G1)
             stamp_block(self.g1.block(slot), self.template, b.key)
@@ -196,6 +199,7 @@ class TieredStore:
         if tier is G1:
             self._touch(G1, b.key)
             self.pinned.add(b.key)
+            self.observer.block_event(BlockEvent("reused", G1, b))
             return 0
         slot = self._allocate(G1)  # first: its eviction cascade may use the staging slots
         # room in G2 for the promoted copy is made before the fetch starts: it is offload, not fetch
@@ -317,17 +321,20 @@ class TieredStore:
         if self.write_behind.pending(dst, key) or self._queue_write(src, dst, b, t0):
             return
         self._make_room(dst)  # first: a G3 → G4 cascade reads through the staging slot used below
-        host = self._host_copy(src, key, t0)
+        host, staged = self._host_copy(src, key)
         if host is None:
             return
-        t0 = self.clock()
+        written_at = self.clock()
         try:
             written = self.files[dst].write(key, host, self.block_bytes, self.block_tokens)
         except OSError as exc:
             log.warning("%s: cannot write block %016x: %s", dst, key, exc)
             self.observer.error(dst, "write")
             return
-        self.observer.transfer(Transfer(G2, dst, written, self.clock() - t0, t0))
+        end = self.clock()
+        self.observer.transfer(Transfer(G2, dst, written, end - written_at, written_at))
+        if staged:  # a store out of G1 through the staging slot is done once its file is: timed from t0 to here
+            self.observer.transfer(Transfer(G1, G2, self.block_bytes, end - t0, t0))
         self._admit(dst, b, 0)
 
     def _queue_write(self, src: Tier, dst: Tier, b: BlockId, t0: float) -> bool:
@@ -355,24 +362,23 @@ class TieredStore:
             self._make_room(dst)
             self._admit(dst, b, 0)
 
-    def _host_copy(self, src: Tier, key: int, t0: float) -> np.ndarray | None:
-        """A padded host-memory slot holding the block, to write it to a file tier from (a G1 store is
-        timed from `t0`, the start of the store)."""
+    def _host_copy(self, src: Tier, key: int) -> tuple[np.ndarray | None, bool]:
+        """A padded host-memory slot holding the block, to write it to a file tier from, and whether it is G1's
+        block copied into the staging slot (a G1 → G2 hop the caller reports once the file is written)."""
         if key in self.tiers[G2].lru:  # G2 itself, or the inclusive copy of a G1 block
-            return self.g2.slot(self.tiers[G2].lru[key])
+            return self.g2.slot(self.tiers[G2].lru[key]), False
         staging = self.staging.slot(0)
         if src is G1:
             np.copyto(staging[:self.block_bytes], self.g1.block(self.tiers[G1].lru[key]))
-            self.observer.transfer(Transfer(G1, G2, self.block_bytes, self.clock() - t0, t0))
-            return staging
+            return staging, True
         t0 = self.clock()
         try:  # G3 → G4 cascade: read it back through host memory
             got = self.files[src].read(key, staging, self.block_bytes)
         except (BlockFileError, OSError):
             self.observer.error(src, "cascade_read")
-            return None
+            return None, False
         self.observer.transfer(Transfer(src, G2, got, self.clock() - t0, t0))
-        return staging
+        return staging, False
 
     def _make_room(self, t: Tier) -> None:
         tier = self.tiers[t]

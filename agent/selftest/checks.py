@@ -242,6 +242,13 @@ def check_run(run: RunCapture) -> list[Check]:
     return compare(run.label, truth_figures(run), measured_figures(run))
 
 
+def telemetry_checks(run: RunCapture) -> list[Check]:
+    """What the agent read from the engine, which must be exact: hits, bytes, residency, used bytes, requests,
+    TTFT count and sum, lookups. Not the correlation engine's attribution tolerances (shares, per request,
+    prefill saved, fetch stall), which the scenarios built for them hold it to."""
+    return [c for c in check_run(run) if c.tolerance in ("exact", f"rel {SUM_RELATIVE:g}")]
+
+
 # what the agent's default [analyses.correlation] fit_min_spread requires of the prompt lengths
 MIN_SPREAD = 2.0
 

@@ -54,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     st = sub.add_parser("selftest", help="run the reference engine with the agent attached; compare with truth")
     st.add_argument("--scenario", choices=("shared-prompts", "ttft-sweep", "noisy-neighbour", "g1-eviction",
-                                           "narrow-prompts", "all"),
+                                           "narrow-prompts", "what-if", "all"),
                     default="shared-prompts",
                     help="which scenario (default shared-prompts)")
     st.add_argument("--stack", choices=("vllm", "dynamo-kvbm"), default="vllm",

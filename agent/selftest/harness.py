@@ -100,8 +100,11 @@ def _table(d: dict[str, str]) -> str:
 
 
 def agent_config_text(metrics_url: str, kv_endpoint: str, kv_replay: str, model: str, disk_device: str | None,
-                      requests_jsonl: Path, interval: float, kv_bytes_per_token: int) -> str:
-    """The agent's configuration for one reference engine, as an operator would write it."""
+                      requests_jsonl: Path, interval: float, kv_bytes_per_token: int,
+                      reuse_sample_rate: float | None = None, extra: str = "") -> str:
+    """The agent's configuration for one reference engine, as an operator would write it (`extra`: more
+    tables at the end; `reuse_sample_rate`: the KV-event collector's, when not its default)."""
+    rate = f"reuse_sample_rate = {reuse_sample_rate}\n" if reuse_sample_rate is not None else ""
     disk = (f"include = [{_toml_str(disk_device)}]  # the disk holding G3/G4" if disk_device
             else "enabled = false  # G3/G4 are not on a block device (tmpfs, overlay)")
     return f"""\
@@ -126,7 +129,7 @@ replay_endpoint = {_toml_str(kv_replay)}
 engine = "{ENGINE_KIND}"
 model = {_toml_str(model)}
 kv_bytes_per_token = {kv_bytes_per_token}  # the model's KV geometry (kvscope kv-size prints it)
-
+{rate}
 [collectors.otlp_traces]
 enabled = true
 listen = "127.0.0.1:0"
@@ -151,7 +154,7 @@ enabled = false
 
 [collectors.rdma]
 enabled = false
-"""
+{extra}"""
 
 
 Hook = Callable[[str, Engine, str, str], None]  # label, engine, engine URL, agent URL
@@ -168,6 +171,8 @@ class Harness:
     on_stop: Callable[[str], None] | None = None
     keep_serving: set[str] = field(default_factory=set)  # labels left running until close()
     prefix: str = ""  # put before each run's label ("sweep " -> "sweep cache"), when one harness runs several
+    reuse_sample_rate: float | None = None  # the KV-event collector's (None: its default)
+    extra_config: str = ""  # more agent configuration (TOML tables), e.g. [analyses.whatif]
     runs: list[RunCapture] = field(default_factory=list)
     _deferred: list[Callable[[], None]] = field(default_factory=list)
 
@@ -196,7 +201,7 @@ class Harness:
             device = block_device_of(config.data_dir)
             text = agent_config_text(f"{server.url}/metrics", pub.endpoint, pub.replay_endpoint,
                                      config.served_model_name, device, run_dir / "requests.jsonl", self.interval,
-                                     config.geometry.bytes_per_token)
+                                     config.geometry.bytes_per_token, self.reuse_sample_rate, self.extra_config)
             (run_dir / "kvscope.toml").write_text(text)
             # the device slot stands in for the GPU the NVML collector would report (fetch stall)
             device_slot = DeviceSamples(lambda: list(engine.device_intervals), engine.wall_at(engine.clock()),

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from kvscope import __version__
-from kvscope.agent.selftest.checks import Check, check_run, confidence_checks
+from kvscope.agent.selftest.checks import Check, check_run, confidence_checks, telemetry_checks
 from kvscope.agent.selftest.harness import Harness, RunCapture
 from kvscope.agent.selftest.kvbm_stack import STACK, KvbmStackHarness, KvbmStackPlan, stack_checks
 from kvscope.agent.selftest.noisy import NoisyPlan, noisy_checks
 from kvscope.agent.selftest.plans import EvictionPlan, NarrowPlan, SharedPromptsPlan, SweepPlan
+from kvscope.agent.selftest.whatif import WhatIfPlan, WhatIfResult, whatif_checks
 from kvscope.collectors.host_inputs import block_device_of
 
-Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | EvictionPlan | NarrowPlan | KvbmStackPlan
+Plan = SharedPromptsPlan | SweepPlan | NoisyPlan | EvictionPlan | NarrowPlan | KvbmStackPlan | WhatIfPlan
 DEFAULT_PLANS: dict[str, Plan] = {
     # small geometry: real bytes, small files; queueing at concurrency 4 dominates TTFT
     "shared-prompts": SharedPromptsPlan(),
@@ -31,6 +32,8 @@ DEFAULT_PLANS: dict[str, Plan] = {
     "g1-eviction": EvictionPlan(),
     # prompts of 1,650-1,800 tokens: the cost model must fall back to its prior and say so
     "narrow-prompts": NarrowPlan(),
+    # one run predicts G1 twice as large and G2 removed; both are run and compared (gpt-oss-120b's geometry)
+    "what-if": WhatIfPlan(),
 }
 # the other stacks `kvscope selftest --stack` runs; the plans above are the vLLM stack's
 STACK_PLANS: dict[str, dict[str, Plan]] = {
@@ -75,9 +78,11 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
                 continue
             stack = isinstance(plan, KvbmStackPlan)
             harness = (KvbmStackHarness if stack else Harness)(base / name / "agent", interval=interval)
+            if isinstance(plan, WhatIfPlan):  # every block sampled: the tiers are tens of blocks
+                harness.reuse_sample_rate, harness.extra_config = 1.0, plan.agent_config()
             start = time.monotonic()
             try:
-                plan.run(harness, base / name / "data")
+                result = plan.run(harness, base / name / "data")
             finally:
                 harness.close()
             captures[name] = harness.runs
@@ -87,9 +92,13 @@ def run_plans(plans: dict[str, Plan], workdir: Path | None = None, interval: flo
                                                 for r in harness.runs}}
             for run in harness.runs:
                 rows.append((name, settle_check(run)))
-                rows.extend((name, c) for c in (stack_checks(run) if stack else check_run(run)))
+                checks = stack_checks if stack else telemetry_checks if isinstance(plan, WhatIfPlan) else check_run
+                rows.extend((name, c) for c in checks(run))
                 if isinstance(plan, NarrowPlan):
                     rows.extend((name, c) for c in confidence_checks(run))
+            if isinstance(plan, WhatIfPlan):
+                assert isinstance(result, WhatIfResult)
+                rows.extend((name, c) for c in whatif_checks(result))
     return rows, meta, captures
 
 
