@@ -165,10 +165,13 @@ class Scheduler:
         thread of its own is waited for at most REFRESH_WAIT: the reader then gets the last values."""
         future: Future[Any] = Future()
         with self._lock:
-            now = self._clock()
-            asked = self._ask_stale(now) if refresh and self._thread is not None else []
-            self._reads.append(_Read(fn, future, asked, now + REFRESH_WAIT))
-            self._wake.set()
+            if not self._stop.is_set():
+                now = self._clock()
+                asked = self._ask_stale(now) if refresh and self._thread is not None else []
+                self._reads.append(_Read(fn, future, asked, now + REFRESH_WAIT))
+                self._wake.set()
+                return future
+        self._answer(_Read(fn, future, [], 0.0))  # stopped: what the store holds, answered here
         return future
 
     def refresh(self) -> None:
@@ -178,7 +181,10 @@ class Scheduler:
             future.result(self.inline_budget)
         except TimeoutError:
             self.poke()
-            future.result(REFRESH_WAIT + 5 * self.inline_budget + 1.0)
+            try:
+                future.result(REFRESH_WAIT + 5 * self.inline_budget + 1.0)
+            except TimeoutError:  # the scheduler is not running (not started yet): read what is there
+                log.debug("refresh: no answer from the scheduler; reading the store as it is")
 
     def poke(self) -> None:
         """A reader's answer is late: the watchdog looks at the call in progress now. (Runs that readers ask

@@ -416,3 +416,16 @@ def test_a_scrape_is_answered_when_a_collector_it_asked_for_hangs() -> None:
         hangs.release.set()
         scheduler.stop(timeout=2)
         server.stop()
+
+
+def test_a_reader_after_stop_is_answered_at_once() -> None:
+    store = ticks_store()
+    host = Healthy("host")
+    scheduler = Scheduler(store, [collector_job("host", host, 0.05, 1.0, on_read=True)])
+    scheduler.start()
+    wait_for(lambda: host.n == 1)
+    scheduler.stop(timeout=2)
+    began = time.monotonic()
+    scheduler.refresh()  # an exporter's last export, after the scheduler stopped: no wait, no error
+    assert scheduler.read(lambda: 42).result(0.1) == 42
+    assert time.monotonic() - began < 0.5 and host.n == 1
