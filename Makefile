@@ -47,8 +47,13 @@ test: $(STAMP) tools lint
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz
 
+# Every benchmark, then one table of every goal (bench/summary.py); exits 1 when a goal is missed or a
+# bench fails. It says first if it will download AIPerf (bench_aiperf.py, about 1.2 GB).
 bench: $(STAMP) tools
-	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@results=$$(mktemp); status=0; export KVSCOPE_BENCH_RESULTS=$$results; \
+	$(BIN)/python bench/summary.py --before; \
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || status=1; done; \
+	$(BIN)/python bench/summary.py $$results || status=1; rm -f $$results; exit $$status
 
 # Regenerates the Grafana JSON and the Kubernetes PrometheusRule from dashboards/ (a test fails when stale).
 dashboards: $(STAMP)

@@ -37,6 +37,9 @@ MOVED = {
 @dataclass
 class AgentSection:
     interval: float = 1.0  # default seconds between collections
+    # host collectors (disk, network, rdma, nfs, lustre, gpfs, process) run when their values are read
+    # (a scrape, an OTLP export, an analysis), at most once per 3/4 interval; false: on the interval
+    collect_on_read: bool = True
     timeout: float = 5.0  # default seconds a collection may take before it counts as hung
     max_backoff: float = 60.0  # longest wait between retries of a failing collector
     # collections of its owner a vanished series is remembered for (its total continues if it comes back),

@@ -1,7 +1,8 @@
 """One connection of agent/http_server.py, from its TLS handshake to its close.
 
 It runs on the server's event loop and never blocks it: the handshake, the request head and body are
-awaited with the server's timeouts; the handler runs on the server's worker pool; bcrypt on the auth
+awaited with the server's timeouts; the handler runs on the server's worker pool (or where the server's
+`run_app` puts it); bcrypt on the auth
 thread; each write must drain within `write_timeout`. While it waits for its peer the connection is
 marked waiting, so that the server may close it to make room for a newcomer; while a request is being
 handled or answered it is busy and is not closed for anyone.
@@ -132,7 +133,7 @@ class Connection:
     async def _handle(self, request: Request) -> Response:
         server = self.server
         try:
-            return await asyncio.get_running_loop().run_in_executor(server.pool, server.app, request)
+            return await server.run_app(request)
         except Exception:
             log.warning("%s: %s %s failed", server.name, request.method, request.path, exc_info=True)
             return Response(500, b"internal error\n")

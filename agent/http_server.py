@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +49,7 @@ ACCEPT_BATCH = 16  # connections accepted per wake-up of the loop
 LOG_EVERY = 60.0  # seconds between two log lines of the same kind of trouble
 
 App = Callable[[Request], Response]
+RunApp = Callable[[Request], Awaitable[Response]]  # runs the app for one request (on the event loop's thread)
 
 
 @dataclass
@@ -82,11 +83,12 @@ class HttpServer:
     """Serves `app` (called on a worker thread with each whole request) on host:port. The socket is bound here,
     so a busy port raises OSError at once; `start()` serves it from a daemon thread, `stop()` closes every
     connection. `refused` is called with the status of each request the server answered itself (malformed,
-    too large, unauthorized), for owners that count them."""
+    too large, unauthorized), for owners that count them. `run_app`, if given, runs the app instead of the
+    worker pool (the /metrics server hands a scrape to the scheduler's thread, agent/scheduler.py)."""
 
     def __init__(self, name: str, host: str, port: int, app: App, *, limits: HttpLimits | None = None,
                  web: WebConfig | None = None, max_body_bytes: int = 64 * 1024, server_header: str = "kvscope",
-                 refused: Callable[[int], None] | None = None) -> None:
+                 refused: Callable[[int], None] | None = None, run_app: RunApp | None = None) -> None:
         self.name = name
         self.limits = limits or HttpLimits()
         self.web = web or WebConfig()
@@ -97,6 +99,7 @@ class HttpServer:
         self.app = app
         self.server_header = server_header
         self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
+        self.run_app: RunApp = run_app or self._on_pool
         self._refused = refused
         self._conns: OrderedDict[Connection, None] = OrderedDict()  # the longest waiting first
         self._starting = 0  # accepted sockets whose connection is being set up
@@ -106,6 +109,9 @@ class HttpServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._logged: dict[str, float] = {}
+
+    def _on_pool(self, request: Request) -> Awaitable[Response]:
+        return asyncio.get_running_loop().run_in_executor(self.pool, self.app, request)
 
     @property
     def address(self) -> tuple[str, int]:

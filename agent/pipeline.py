@@ -64,6 +64,9 @@ class CollectorSpec:
     enabled_by_default: bool = True
     # the host trees it reads below agent.proc_root / agent.sys_root ("proc", "sys"): checked before a run
     roots: tuple[Root, ...] = ()
+    # its readings are counters its source keeps (the kernel's): collected when read, not on a timer
+    # (agent.collect_on_read, agent/scheduler.py)
+    on_read: bool = False
 
 
 class GpuIntervals(Protocol):

@@ -81,6 +81,26 @@ def _fits(spec: MetricSpec, reading: Reading) -> bool:
     )
 
 
+def _applied_quickly(series: Series, reading: Sample) -> bool:
+    """The usual reading of a series already held, applied in a few steps: a gauge's value, or a counter
+    that did not go backwards and stays a valid count. False (nothing changed) for anything else, which
+    then takes the full checks below."""
+    kind = series.spec.type
+    if kind == "gauge":
+        series.value = reading.value
+        return True
+    last, raw = series.last_raw, reading.value
+    if kind != "counter" or last is None or not last <= raw < math.inf:  # NaN fails the comparison
+        return False
+    if reading.wrap_modulus is not None and not raw < reading.wrap_modulus:
+        return False
+    total = series.value + (raw - last)
+    if not total < math.inf:
+        return False
+    series.value, series.last_raw = total, raw
+    return True
+
+
 class _Overflow(Exception):
     """The reading would take a total past the largest float: rejected like an impossible value."""
 
@@ -117,10 +137,15 @@ class Store:
         """Apply one successful collection; the owner's series not in it stop being exported."""
         result = IngestResult()
         seen: set[SeriesKey] = set()
+        get = self._series.get
         with self._lock:
             for reading in readings:
                 key = (reading.name, reading.labels)
-                series = self._series.get(key)
+                series = get(key)
+                if series is not None and type(reading) is Sample and _applied_quickly(series, reading):
+                    seen.add(key)
+                    result.accepted += 1
+                    continue
                 spec = self.catalogue.get(reading.name) if series is None else series.spec
                 # checked before a series is made: a rejected reading must hold no memory
                 if spec is None or not _fits(spec, reading):
@@ -163,11 +188,26 @@ class Store:
     def set_gauge(self, name: str, labels: LabelValues, value: float, now: float) -> None:
         """An agent-internal gauge (never owned by a collector, never dropped)."""
         with self._lock:
-            series = self._series_for((name, labels))
-            if series is None:
-                raise KeyError(f"{name}{labels} is not a catalogued gauge")
-            series.value = value
-            self._exported.add((name, labels))
+            self._set_locked(name, labels, value)
+
+    def _set_locked(self, name: str, labels: LabelValues, value: float) -> None:
+        series = self._series_for((name, labels))
+        if series is None:
+            raise KeyError(f"{name}{labels} is not a catalogued gauge")
+        series.value = value
+        self._exported.add((name, labels))
+
+    def update_internal(self, gauges: Iterable[tuple[str, LabelValues, float]],
+                        bumps: Iterable[tuple[str, LabelValues, float]], now: float) -> None:
+        """Several agent-internal gauges set and counters bumped under one lock (a job's health after each
+        run), then `kvscope_store_series` set to the held and exported counts."""
+        with self._lock:
+            for name, labels, value in gauges:
+                self._set_locked(name, labels, value)
+            for name, labels, by in bumps:
+                self._bump_locked(name, labels, by)
+            self._set_locked("kvscope_store_series", ("held",), float(len(self._series)))
+            self._set_locked("kvscope_store_series", ("exported",), float(len(self._exported)))
 
     def bump(self, name: str, labels: LabelValues, by: float, now: float) -> None:
         """An agent-internal counter (never dropped): add `by` (>= 0) to its total."""

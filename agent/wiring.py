@@ -37,7 +37,7 @@ from kvscope.agent.pipeline import (
     Sink,
 )
 from kvscope.agent.records import RecentRequests, RecordBuffer
-from kvscope.agent.scheduler import Job, Scheduler, analysis_job, collector_job
+from kvscope.agent.scheduler import Scheduler, analysis_job, collector_job
 from kvscope.agent.store import Store
 from kvscope.agent.webconfig import load_web_config
 from kvscope.agent.whatif.engine import SPEC as WHATIF_SPEC
@@ -129,12 +129,16 @@ def build_agent(
     context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled,
                                kv_access)
 
-    jobs: list[Job] = []
+    # readers of the store (the /metrics server, the OTLP exporter) go through the scheduler: the host
+    # collectors run when read (agent.collect_on_read)
+    scheduler = Scheduler(store, [], max_backoff=config.agent.max_backoff, clock=clock, wall_clock=wall_clock)
     collectors: dict[str, Collector] = {}
     for name, (settings, options) in config.collectors.items():
         if settings.enabled:
-            collectors[name] = parts.collectors[name].factory(options, context)
-            jobs.append(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name)))
+            spec = parts.collectors[name]
+            collectors[name] = spec.factory(options, context)
+            scheduler.add(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name),
+                                        spec.on_read and config.agent.collect_on_read))
     nvml = collectors.get("nvml")
     if gpu_intervals is None and isinstance(nvml, NvmlCollector):
         gpu_intervals = nvml
@@ -148,7 +152,7 @@ def build_agent(
     environ = os.environ if environ is None else environ
     otlp = otlp_settings.resolve(config.exporters.otlp, environ)
     if otlp.metrics is not None or otlp.traces is not None:
-        sinks.extend(_otlp_sinks(otlp, store, request_sinks, environ, wall_clock))
+        sinks.extend(_otlp_sinks(otlp, store, request_sinks, environ, wall_clock, scheduler.refresh))
     if recent is not None:
         request_sinks.append(recent)
     inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock, kv_access, recent)
@@ -156,22 +160,23 @@ def build_agent(
     for name, (settings, options) in config.analyses.items():
         if settings.enabled:
             analyses[name] = parts.analyses[name].factory(options, inputs)
-            jobs.append(analysis_job(name, analyses[name], config.interval_of(name), config.timeout_of(name)))
+            scheduler.add(analysis_job(name, analyses[name], config.interval_of(name), config.timeout_of(name)))
 
-    scheduler = Scheduler(store, jobs, max_backoff=config.agent.max_backoff, clock=clock, wall_clock=wall_clock)
     server = None
     prom = config.exporters.prometheus
     if prom.enabled:
         host, port = parse_listen("exporters.prometheus.listen", prom.listen)
         routes = {path: route for a in analyses.values() if isinstance(a, WhatIfAnalysis)
                   for path, route in a.routes().items()}
-        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http, routes)
+        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http, routes,
+                               scheduler=scheduler)
         sinks.append(server)
     return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
 
 
 def _otlp_sinks(settings: otlp_settings.OtlpSettings, store: Store, request_sinks: list[RequestSink],
-                environ: Mapping[str, str], wall_clock: Callable[[], float]) -> list[Sink]:
+                environ: Mapping[str, str], wall_clock: Callable[[], float],
+                refresh: Callable[[], None]) -> list[Sink]:
     """The OTLP metrics and trace exporters that are enabled; the SDK is imported only here."""
     extras.require("otlp", "exporters.otlp")
     from kvscope.exporters import otlp_sdk
@@ -183,7 +188,7 @@ def _otlp_sinks(settings: otlp_settings.OtlpSettings, store: Store, request_sink
     if settings.metrics is not None:
         dest = settings.metrics
         out.append(OtlpMetricsSink(store, StoreMetrics(store, resource, scope), otlp_sdk.metric_exporter(dest),
-                                   settings.interval, dest.timeout, wall_clock))
+                                   settings.interval, dest.timeout, wall_clock, refresh))
         log.info("exporting %s every %g s", dest.describe(), settings.interval)
     if settings.traces is not None:
         dest = settings.traces

@@ -4,13 +4,20 @@ Reference to beat: 10 % of the default 1 s collection interval (100 ms) for a wi
 records (1,000 requests/s into one sidecar — 250× the seeds' 4.26 RPS) plus the NNLS refits over full
 windows. Prints the per-record cost and the request rate that would fill the budget. Also prints the
 NNLS fit alone against numpy's unconstrained lstsq on the same samples (numpy is not a runtime
-dependency; this only shows what pure Python costs).
+dependency of the correlation engine; this only shows what pure Python costs).
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from goals import verdict
 
 from kvscope.agent.correlation.engine import CorrelationEngine
 from kvscope.agent.correlation.nnls import nnls
@@ -47,6 +54,8 @@ def main() -> None:
         timings.append(time.perf_counter() - start)
         clock[0] += 1.0
     worst, median = max(timings), sorted(timings)[len(timings) // 2]
+    verdict("correlation: window of 1,000 records + refit", f"worst {worst * 1e3:.1f} ms (median {median * 1e3:.1f})",
+            f"budget {BUDGET_S * 1e3:.0f} ms", f"x{worst / BUDGET_S:.2f}", worst < BUDGET_S)
     print(f"engine window, 1000 records + refit: median {median * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms; "
           f"budget {BUDGET_S * 1e3:.0f} ms -> {'OK' if worst < BUDGET_S else 'OVER'}; "
           f"{median / 1000 * 1e6:.0f} us/record, budget holds up to ~{BUDGET_S / (median / 1000):.0f} requests/s")

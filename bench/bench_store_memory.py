@@ -42,6 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+from goals import verdict as goal_verdict  # noqa: E402
+
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec  # noqa: E402
 from kvscope.agent.contract import CONTRACT_METRICS  # noqa: E402
 from kvscope.agent.readings import HistogramSample, Reading, Sample  # noqa: E402
@@ -243,6 +246,10 @@ def main() -> int:
             if forget == "forgets":
                 b_ok = b_ok and bool(r["exported_always"]) and r["worst_held"] <= bound
     elapsed = time.perf_counter() - start
+    history = (traced["store"] + traced["history"]) / per
+    goal_verdict("store: flat in time, churn bounded", f"{traced['store'] / per:,.0f} B/series, held at most "
+                 "exported + stale_after x churn", f"history design {history:,.0f} B/series",
+                 f"x{traced['store'] / per / history:.2f}", a_ok and b_ok)
     if a_ok and b_ok:
         print(f"VERDICT: PASS store {traced['store'] / per:,.0f} B/series, flat from {EARLY} to {COLLECTIONS} "
               f"collections, vs {(traced['store'] + traced['history']) / per:,.0f} B/series with history; "

@@ -32,6 +32,7 @@ from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.host_inputs import (
     INPUT_ERRORS,
     InputErrors,
+    KernelFile,
     NameFilter,
     check_patterns,
     parse_u64s,
@@ -75,16 +76,19 @@ _TICKS = DiskCounters._fields.index("io_ticks_ms")
 _ZERO = DiskCounters(0, 0, 0, 0, 0)
 
 
-def parse_diskstats(text: str) -> tuple[dict[str, DiskCounters], int]:
+def parse_diskstats(text: str, keep: Callable[[str], bool] | None = None) -> tuple[dict[str, DiskCounters], int]:
     """Counters per device name, and the number of malformed lines.
 
-    Lines have 14 (kernel < 4.18), 18 (< 5.5) or 20 fields; 7-field lines are pre-2.6.25 partitions.
+    Lines have 14 (kernel < 4.18), 18 (< 5.5) or 20 fields; 7-field lines are pre-2.6.25 partitions. With
+    `keep`, the numbers of a device it rejects (a partition, a loop device) are not read, nor checked.
     """
     out: dict[str, DiskCounters] = {}
     bad = 0
     for line in text.splitlines():
         f = line.split()
         if not f:
+            continue
+        if keep is not None and len(f) in (7, 14, 18, 20) and not keep(f[2]):
             continue
         if len(f) >= 14:
             values = parse_u64s(f[i] for i in (3, 5, 7, 9, 12))
@@ -204,6 +208,7 @@ def hidden_flag(text: str | None, name: str) -> bool:
 class DiskCollector:
     def __init__(self, options: DiskOptions, proc_root: str, sys_root: str, clock: Callable[[], float]) -> None:
         self._diskstats = os.path.join(proc_root, "diskstats")
+        self._file = KernelFile(self._diskstats)
         self._block = os.path.join(sys_root, "block")
         self._clock = clock
         self._wanted = NameFilter(options.include, options.exclude)
@@ -228,8 +233,11 @@ class DiskCollector:
 
     def collect(self) -> list[Reading]:
         # Without these two there is nothing true to report: let the scheduler mark the run failed.
-        stats, bad = parse_diskstats(read_text(self._diskstats))
+        text = self._file.read()
         whole = set(os.listdir(self._block))
+        # a disk that can be reported: it passes the filters, or it may be an NVMe path disk whose head does
+        stats, bad = parse_diskstats(text, lambda name: name in whole and (
+            self._wanted(name) or multipath_head(name) is not None))
         if bad:
             self._errors.note("diskstats", f"{bad} malformed line(s) in {self._diskstats}", bad)
         self._hidden = {n: f for n, f in self._hidden.items() if n in whole}
@@ -274,4 +282,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc", "sys"),
+    on_read=True,
 )

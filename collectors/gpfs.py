@@ -167,4 +167,5 @@ SPEC = CollectorSpec(
     metrics=METRICS,
     enabled_by_default=False,
     roots=("proc",),
+    on_read=True,
 )

@@ -2,8 +2,9 @@
 reads, the kernel-counter number parser, device and interface name filters, the input-error counter,
 and which whole disk holds a path.
 
-Kernel files are read whole with one `open`/`read` each; callers pass paths built from the
-injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
+Kernel files are read whole, a file read every collection through a `KernelFile` (opened once, then
+re-read with one `pread` from offset 0: procfs and sysfs make a file's text anew at each read from the
+start); callers pass paths built from the injected proc/sys roots, never a hard-coded `/proc` or `/sys`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,34 @@ def read_text(path: str) -> str:
         return fh.read()
 
 
+class KernelFile:
+    """A procfs or sysfs file read every collection. Opened at the first read and kept open; each read is one
+    `pread` from offset 0, which saves the open, close and text wrapper of `read_text` (about 15 µs of CPU a
+    file on the 2-core VM). An error closes it, so the next read opens the path again (and raises what
+    open() raises, naming the file, when it is gone)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        self._size = 16 * 1024  # grows to hold the whole file in one read
+
+    def read(self) -> str:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while len(data := os.pread(self._fd, self._size, 0)) >= self._size:
+                self._size *= 2
+        except OSError:
+            self.close()
+            raise
+        return data.decode("ascii", "replace")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 U64_DIGITS = len(str(2**64 - 1))  # 20
 
 
@@ -50,14 +79,14 @@ def parse_u64(token: str) -> int | None:
 
 
 def parse_u64s(tokens: Iterable[str]) -> list[int] | None:
-    """parse_u64 of every token, or None when any of them is not a counter."""
-    values = []
-    for token in tokens:
-        value = parse_u64(token)
-        if value is None:
-            return None
-        values.append(value)
-    return values
+    """parse_u64 of every token, or None when any of them is not a counter. The checks run over all tokens
+    at once (in C): this is the inner loop of every host collector."""
+    tokens = tuple(tokens)
+    joined = "".join(tokens)
+    if not (joined.isascii() and joined.isdigit()) or max(map(len, tokens)) > U64_DIGITS or not all(tokens):
+        return None if tokens else []
+    values = list(map(int, tokens))
+    return values if max(values) < 1 << 64 else None
 
 
 def _pattern_regex(pattern: str) -> str:

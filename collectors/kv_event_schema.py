@@ -293,7 +293,7 @@ class BatchDecoder:
         self._gpu_unsized = 0  # map-form GPU-stores batches to decode without block_size before the next
         # Then tried in order; the first that fits wins. Known mediums first (the common case costs one
         # decode); the plain-str structs give the same result for anything else.
-        self._fast: tuple[Callable[[bytes], DecodedBatch], ...] = (
+        self._fast: tuple[Callable[[bytes | memoryview], DecodedBatch], ...] = (
             msgspec.msgpack.Decoder(MapBatch).decode,
             msgspec.msgpack.Decoder(MapBatchAnyMedium).decode,
             msgspec.msgpack.Decoder(LegacyBatch).decode,
@@ -305,7 +305,7 @@ class BatchDecoder:
         self._legacy_event = msgspec.msgpack.Decoder(LegacyEventAnyMedium)
         self._any = msgspec.msgpack.Decoder()
 
-    def decode(self, payload: bytes) -> DecodedBatch:
+    def decode(self, payload: bytes | memoryview) -> DecodedBatch:
         """The batch in `payload`, or MalformedBatch: whatever the bytes, nothing else escapes.
 
         msgspec raises RecursionError for deeply nested input (1,000 one-element arrays are 1 KB) and
@@ -318,7 +318,7 @@ class BatchDecoder:
         except Exception as exc:  # RecursionError, MemoryError (a subclass of Exception), anything else
             raise MalformedBatch(f"{type(exc).__name__}: {exc}") from None
 
-    def _decode(self, payload: bytes) -> DecodedBatch:
+    def _decode(self, payload: bytes | memoryview) -> DecodedBatch:
         if self._gpu_backoff:
             self._gpu_backoff -= 1
         else:
@@ -343,7 +343,7 @@ class BatchDecoder:
                 continue
         return self._decode_slow(payload)
 
-    def _decode_slow(self, payload: bytes) -> DecodedBatch:
+    def _decode_slow(self, payload: bytes | memoryview) -> DecodedBatch:
         try:
             outer = self._outer.decode(payload)
             if isinstance(outer, dict):

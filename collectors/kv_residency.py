@@ -1,8 +1,9 @@
 """Block residency per tier and block reuse distance, from decoded KV events. Pure: no I/O, no clock.
 
-Residency is a set of block hashes per tier. vLLM re-announces blocks it reuses when a request asks for
-`kv_cache_report_mode=full`, so a store of a block already resident changes nothing; a removal of a block
-we never saw (stored before we joined, or in a lost batch) is ignored and counted.
+Residency is a set of block hashes per tier (kv_blockset.py: ~9 bytes a block, applied in bulk, exact
+whenever read). vLLM re-announces blocks it reuses when a request asks for `kv_cache_report_mode=full`, so a
+store of a block already resident changes nothing; a removal of a block we never saw (stored before we
+joined, or in a lost batch) is ignored and counted.
 
 Each tier also feeds its stores to a reuse-distance tracker (kv_reuse.py); G1's tracker also hands its
 sampled stores to the what-if analysis' access stream, when one is given (kvscope.agent.kv_access).
@@ -16,19 +17,23 @@ Speed: the subscriber's whole budget is about a microsecond per block event, so 
 no Python statement runs per event: a batch (or a run of consecutive events of one kind and tier) is
 one set update or difference_update, its counts come from length deltas, and the checks and grouping
 run in C (operator.countOf, itertools.groupby). Per hash there is one comparison in a comprehension
-(is it sampled?); only the sampled blocks reach the tracker's Python loop.
+(is it sampled?); only the sampled blocks reach the tracker's Python loop. Residency itself only logs the
+hashes (a list.extend) and applies them in bulk.
 """
 
 from __future__ import annotations
 
 from itertools import chain, groupby
 from operator import attrgetter, countOf
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.agent.kv_access import BATCH, AccessStream
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_event_schema import CLEARED, STORED
 from kvscope.collectors.kv_reuse import ReuseTracker
+
+if TYPE_CHECKING:
+    from kvscope.collectors.kv_blockset import BlockSet
 
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
@@ -60,16 +65,34 @@ def tier_of(medium: str | None, locality: str | None) -> Tier:
 
 
 class TierState:
-    __slots__ = ("block_size", "known", "removed", "removed_unknown", "resident", "reuse", "stored")
+    __slots__ = ("block_size", "known", "resident", "reuse")
 
     def __init__(self, max_tracked: int, known: bool, sample_rate: float = 1.0) -> None:
-        self.resident: set[Any] = set()
-        self.stored = 0  # blocks that became resident
-        self.removed = 0  # blocks that stopped being resident (BlockRemoved, AllBlocksCleared)
-        self.removed_unknown = 0  # BlockRemoved of a block not resident here (ignored)
+        # imported here: numpy (~10 MiB of RSS) is loaded by an agent that tracks KV events, not by every one
+        from kvscope.collectors.kv_blockset import BlockSet
+
+        self.resident: BlockSet = BlockSet()
         self.known = known  # residency reflects every event since a known-empty state
         self.reuse = ReuseTracker(max_tracked, sample_rate)
         self.block_size = BLOCK_SIZE_UNSEEN  # see the BLOCK_SIZE_* values
+
+    @property
+    def stored(self) -> int:
+        """Blocks that became resident."""
+        self.resident.flush()
+        return self.resident.stored
+
+    @property
+    def removed(self) -> int:
+        """Blocks that stopped being resident (BlockRemoved, AllBlocksCleared, a restart)."""
+        self.resident.flush()
+        return self.resident.removed
+
+    @property
+    def removed_unknown(self) -> int:
+        """BlockRemoved of a block not resident here (ignored)."""
+        self.resident.flush()
+        return self.resident.unknown
 
     def block_tokens(self, not_sent: int = 0) -> int:
         """Tokens per resident block: the block_size every block stored since the tier was last empty
@@ -159,7 +182,6 @@ class Residency:
                 # AllBlocksCleared carries no medium: vLLM sends it when the GPU prefix cache is reset
                 # (BlockPool.reset_prefix_cache); offload tiers keep their blocks. G1 is now known empty.
                 g1 = self.tier(Tier.G1)
-                g1.removed += len(g1.resident)
                 g1.resident.clear()
                 g1.emptied()
                 g1.known = True
@@ -172,13 +194,8 @@ class Residency:
 
     @staticmethod
     def _remove(state: TierState, hashes: list[Any]) -> None:
-        resident = state.resident
-        before = len(resident)
-        resident.difference_update(hashes)
-        gone = before - len(resident)
-        state.removed += gone
-        state.removed_unknown += len(hashes) - gone  # not resident, or repeated within the run
-        if not resident:
+        # a removal not resident, or repeated within the run, counts as unknown (BlockSet)
+        if state.resident.remove(hashes):
             state.emptied()
 
     @staticmethod
@@ -195,10 +212,7 @@ class Residency:
         or after them.
         """
         hashes = list(chain.from_iterable(map(_HASHES, stores)))
-        resident = state.resident
-        before = len(resident)
-        resident.update(hashes)
-        state.stored += len(resident) - before  # a store of a resident block is not a new block
+        state.resident.store(hashes)  # a store of a resident block is not a new block (BlockSet counts)
         state.reuse.use_many(hashes)
         size = stores[0].block_size
         if size is not None and not (size == state.block_size > 0 and stores[-1].block_size == size):
@@ -215,7 +229,6 @@ class Residency:
     def restart(self) -> None:
         """A new publisher process: its caches start empty and its hashes may differ (seeded hashing)."""
         for state in self.tiers.values():
-            state.removed += len(state.resident)
             state.resident.clear()
             state.emptied()
             state.reuse.reset()

@@ -208,4 +208,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc", "sys"),
+    on_read=True,
 )

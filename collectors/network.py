@@ -24,10 +24,10 @@ from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.host_inputs import (
     INPUT_ERRORS,
     InputErrors,
+    KernelFile,
     NameFilter,
     check_patterns,
     parse_u64s,
-    read_text,
 )
 
 log = logging.getLogger("kvscope.collectors.network")
@@ -66,8 +66,9 @@ class NetCounters(NamedTuple):
     transmit_drops: int
 
 
-def parse_net_dev(text: str) -> tuple[dict[str, NetCounters], int]:
-    """Counters per interface, and the number of malformed lines.
+def parse_net_dev(text: str, keep: Callable[[str], bool] | None = None) -> tuple[dict[str, NetCounters], int]:
+    """Counters per interface, and the number of malformed lines; with `keep`, the numbers of an interface it
+    rejects (loopback, container plumbing) are neither read nor checked.
 
     After two header lines each line is `name: ` and 16 columns: 8 receive (bytes packets errs drop
     fifo frame compressed multicast), then 8 transmit (bytes packets errs drop fifo colls carrier
@@ -80,6 +81,8 @@ def parse_net_dev(text: str) -> tuple[dict[str, NetCounters], int]:
         if not sep:
             if line.strip():
                 bad += 1
+            continue
+        if keep is not None and not keep(name.strip()):
             continue
         f = rest.split()
         if len(f) < 16:
@@ -116,18 +119,18 @@ class NetworkOptions:
 class NetworkCollector:
     def __init__(self, options: NetworkOptions, proc_root: str) -> None:
         self._path = os.path.join(proc_root, options.path)
+        self._file = KernelFile(self._path)
         self._wanted: Callable[[str], bool] = NameFilter(options.include, options.exclude)
         self._errors = InputErrors("network", log)
 
     def collect(self) -> list[Reading]:
-        counters, bad = parse_net_dev(read_text(self._path))  # unreadable: the run fails, visibly
+        counters, bad = parse_net_dev(self._file.read(), self._wanted)  # unreadable: the run fails, visibly
         if bad:
             self._errors.note("net/dev", f"{bad} malformed line(s) in {self._path}", bad)
         out: list[Reading] = []
         for name, values in counters.items():
-            if self._wanted(name):
-                labels = (name,)
-                out.extend(Sample(metric, labels, float(v)) for metric, v in zip(_METRIC_NAMES, values, strict=True))
+            labels = (name,)
+            out.extend(Sample(metric, labels, float(v)) for metric, v in zip(_METRIC_NAMES, values, strict=True))
         out.append(self._errors.sample())
         return out
 
@@ -143,4 +146,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc",),
+    on_read=True,
 )

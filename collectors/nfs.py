@@ -29,10 +29,10 @@ from kvscope.agent.readings import Reading, Sample
 from kvscope.collectors.host_inputs import (
     INPUT_ERRORS,
     InputErrors,
+    KernelFile,
     NameFilter,
     check_patterns,
     parse_u64s,
-    read_text,
 )
 from kvscope.collectors.shared_fs import (
     FS_METRICS,
@@ -111,6 +111,8 @@ def parse_mountstats(text: str) -> MountStats:
     statistics are most of the file (some 60 lines per NFSv4 mount) and are never looked at.
     """
     out = MountStats()
+    if " with fstype nfs" not in text:  # no NFS mount at all (every fstype of NFS_FSTYPES begins so)
+        return out
     starts = _mount_starts(text)
     for n, start in enumerate(starts):
         block = text[start:starts[n + 1] if n + 1 < len(starts) else len(text)]
@@ -146,13 +148,14 @@ class NfsOptions:
 class NfsCollector:
     def __init__(self, options: NfsOptions, proc_root: str) -> None:
         self._path = under_root(proc_root, options.mountstats)
+        self._file = KernelFile(self._path)
         self._wanted = NameFilter(options.include, options.exclude)
         self._server_bytes = options.server_bytes
         self._errors = InputErrors("nfs", log)
 
     def collect(self) -> list[Reading]:
         try:
-            text = read_text(self._path)
+            text = self._file.read()
         except FileNotFoundError:
             return [self._errors.sample()]  # no procfs there (or not Linux): no data, not an error
         except OSError as exc:
@@ -191,4 +194,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("proc",),
+    on_read=True,
 )

@@ -165,4 +165,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     roots=("sys",),
+    on_read=True,
 )

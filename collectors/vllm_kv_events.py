@@ -32,7 +32,7 @@ from kvscope.agent.readings import HistogramSample, Reading, Sample
 from kvscope.agent.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_event_schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
 from kvscope.collectors.kv_event_sequence import Sequencer, Stream, log_once
-from kvscope.collectors.kv_event_socket import Receiver, SocketOptions
+from kvscope.collectors.kv_event_socket import Frames, Receiver, SocketOptions
 from kvscope.collectors.kv_residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
 
 log = logging.getLogger("kvscope.vllm_kv_events")
@@ -274,7 +274,7 @@ class VllmKvEventsCollector:
 
     # -- socket thread -----------------------------------------------------------------------------
 
-    def handle(self, stream: Stream, frames: list[bytes]) -> None:
+    def handle(self, stream: Stream, frames: Frames) -> None:
         """One live message: validate, decode, reconcile the sequence number, apply. Never raises: a
         message the code cannot take is counted as malformed and makes residency unknown."""
         try:

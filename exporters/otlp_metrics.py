@@ -126,8 +126,10 @@ class OtlpMetricsSink:
     """A sink: exports the store every `interval` seconds on its own thread; counts each export's result."""
 
     def __init__(self, store: Store, metrics: StoreMetrics, exporter: MetricExporter, interval: float,
-                 timeout: float, wall_clock: Callable[[], float] = time.time) -> None:
+                 timeout: float, wall_clock: Callable[[], float] = time.time,
+                 refresh: Callable[[], None] | None = None) -> None:
         self._metrics = metrics
+        self._refresh = refresh  # the scheduler's: collects what is collected when read, before an export
         self._exporter = exporter
         self._interval = interval
         self._timeout = timeout
@@ -147,6 +149,8 @@ class OtlpMetricsSink:
 
     def export(self) -> bool:
         """One export of the whole store; True when the endpoint took it."""
+        if self._refresh is not None:
+            self._refresh()
         try:
             ok = self._exporter.export(self._metrics.collect(), timeout_millis=self._timeout * 1000) \
                 == MetricExportResult.SUCCESS

@@ -13,6 +13,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, counter, gauge, histogram
@@ -20,7 +22,7 @@ from kvscope.agent.config import ConfigError
 from kvscope.agent.readings import HistogramSample, Sample
 from kvscope.agent.store import Store
 from kvscope.agent.webconfig import load_web_config
-from kvscope.exporters.http import MetricsServer
+from kvscope.exporters.http import MetricsServer, wants_openmetrics
 from kvscope.exporters.prometheus import StoreCollector, TextRenderer
 
 SPECS = [
@@ -54,6 +56,21 @@ def test_fast_renderer_is_byte_identical_to_prometheus_client() -> None:
     assert renderer.render() == expected  # second render uses the caches
     names = {f.name for f in text_string_to_metric_families(expected.decode())}
     assert {"kvscope_x_bytes", "kvscope_y_blocks", "kvscope_z_seconds"} <= names
+
+
+def test_fast_openmetrics_is_byte_identical_to_prometheus_client() -> None:
+    store = filled_store()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store))  # type: ignore[arg-type]
+    expected = generate_openmetrics(registry)
+    renderer = TextRenderer(store)
+    renderer.render()  # the sample cache the text format made serves OpenMetrics too
+    assert renderer.render_openmetrics() == expected
+    assert renderer.render_openmetrics() == expected
+    families = {f.name: f for f in openmetrics_families(expected.decode())}
+    assert families["kvscope_x_bytes"].type == "counter" and families["kvscope_x_bytes"].documentation.startswith(
+        "Bytes with a \\ backslash\nand")
+    assert TextRenderer(Store(Catalogue(SPECS))).render_openmetrics() == b"# EOF\n"
 
 
 @pytest.fixture
@@ -90,6 +107,37 @@ def test_http_plain_gzip_openmetrics_and_keepalive(server: MetricsServer) -> Non
         conn.request("GET", "/metrics")
         assert conn.getresponse().read() == body
     assert get(server.port, "/nope")[0] == 404
+
+
+PROMETHEUS_2_42_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                          "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+@pytest.mark.parametrize(("accept", "openmetrics"), [
+    (PROMETHEUS_2_42_ACCEPT, True),
+    ("application/openmetrics-text; version=1.0.0", True),
+    ("application/openmetrics-text", True),
+    ("", False),
+    ("*/*", False),
+    ("text/plain", False),
+    ("text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5", False),
+    ("application/openmetrics-text;version=1.0.0;q=0", False),
+    ("application/openmetrics-text;version=2.0.0", False),  # a version we do not write
+    ("application/openmetrics-text;version=2.0.0,text/plain;q=0.2", False),
+    ("APPLICATION/OpenMetrics-Text; Version=\"1.0.0\"; q=0.9, text/plain; q=0.8", True),
+    ("application/openmetrics-text;q=nonsense", False),
+])
+def test_accept_negotiation_follows_the_clients_preference(accept: str, openmetrics: bool) -> None:
+    assert wants_openmetrics(accept) is openmetrics
+
+
+def test_prometheus_accept_header_gets_openmetrics_equal_to_prometheus_client(server: MetricsServer) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(server.store))  # type: ignore[arg-type]
+    status, headers, body = get(server.port, headers={"Accept": PROMETHEUS_2_42_ACCEPT,
+                                                      "Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    assert gzip.decompress(body) == generate_openmetrics(registry)
 
 
 def test_basic_auth_from_web_config(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_batched_residency_and_exact_reuse_match_the_reference(seed: int) -> Non
         res.apply(decoded.events, decoded.unknown_events, decoded.gpu_stores_only)
     assert set(ref.counts) <= set(res.tiers)
     for tier, state in res.tiers.items():
-        assert state.resident == ref.resident.get(tier, set()), tier
+        assert set(state.resident) == ref.resident.get(tier, set()), tier
         assert [state.stored, state.removed, state.removed_unknown] == ref.counts.get(tier, [0, 0, 0]), tier
         expected = brute_distances(ref.stores.get(tier, []))
         buckets, total, count = state.reuse.cumulative()

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent", "collectors", "exporters", "dashboards")
 
 CORE = {f"kvscope.agent.{name}" for name in (
-    "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "config",
-    "binding", "http_server", "http_connection", "http_messages", "basic_auth", "webconfig", "extras", "logs",
-    "kv_access")} | {"kvscope.agent"}
+    "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "scheduler_jobs",
+    "scheduler_threads", "config", "binding", "http_server", "http_connection", "http_messages", "basic_auth",
+    "webconfig", "extras", "logs", "kv_access",
+)} | {"kvscope.agent"}
 COMPOSITION = {f"kvscope.agent.{name}" for name in ("wiring", "cli", "flags", "preflight")}
 TOOLS = ("kvscope.agent.reference", "kvscope.agent.selftest", "kvscope.agent.analyze")
 

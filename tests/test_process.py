@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector as ClientProcessCollector
 
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.pipeline import CollectorContext
 from kvscope.agent.readings import Sample
 from kvscope.agent.store import Store
 from kvscope.collectors import process
-from kvscope.collectors.process import ProcessCollector
+from kvscope.collectors.process import ProcessCollector, start_time
 
 
-class FakeSource:
-    """Families as prometheus-client's ProcessCollector yields them, plus one the collector must skip."""
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.", 31_000_000)
-        yield CounterMetricFamily("process_cpu_seconds", "Total user and system CPU time spent in seconds.", 1.75)
-        yield GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", 17)
-        yield GaugeMetricFamily("python_gc_objects", "not ours", 5)
+def fake_source() -> dict[str, float]:
+    """Three of the figures, plus one the collector must skip."""
+    return {"process_resident_memory_bytes": 31_000_000, "process_cpu_seconds_total": 1.75,
+            "process_open_fds": 17, "python_gc_objects": 5}
 
 
 def as_dict(readings: list[Sample]) -> dict[str, float]:
@@ -32,7 +26,7 @@ def as_dict(readings: list[Sample]) -> dict[str, float]:
 
 
 def test_takes_the_standard_samples_by_their_exposed_names() -> None:
-    out = ProcessCollector(FakeSource()).collect()
+    out = ProcessCollector(fake_source).collect()
     assert as_dict([r for r in out if isinstance(r, Sample)]) == {
         "process_cpu_seconds_total": 1.75,
         "process_resident_memory_bytes": 31_000_000,
@@ -53,8 +47,26 @@ def test_factory_describes_this_process() -> None:
     assert abs(during["process_start_time_seconds"] - own.create_time()) < 2.0
 
 
+def test_the_same_figures_as_prometheus_clients_process_collector() -> None:
+    theirs = {s.name: s.value for family in ClientProcessCollector(registry=None).collect() for s in family.samples}
+    ours = as_dict([r for r in process.SPEC.factory(process.ProcessOptions(), CollectorContext()).collect()
+                    if isinstance(r, Sample)])
+    assert set(ours) == set(theirs)
+    for name in ("process_virtual_memory_bytes", "process_resident_memory_bytes"):
+        assert abs(ours[name] - theirs[name]) < 0.2 * theirs[name]
+    assert abs(ours["process_open_fds"] - theirs["process_open_fds"]) <= 1
+    assert ours["process_max_fds"] == theirs["process_max_fds"]
+    assert ours["process_start_time_seconds"] == theirs["process_start_time_seconds"]
+    assert abs(ours["process_cpu_seconds_total"] - theirs["process_cpu_seconds_total"]) < 0.05
+
+
+def test_start_time_from_stat_lines() -> None:
+    stat = "4242 (name with ) and spaces) S 1 " + " ".join(["0"] * 17) + " 12345 0 0"
+    assert start_time(stat, "cpu 1 2 3\nbtime 1700000000\n", 100.0) == 1700000000 + 123.45
+
+
 def test_metrics_are_catalogued_and_stored() -> None:
     store = Store(Catalogue([*AGENT_METRICS, *process.METRICS]))
-    result = store.ingest("process", ProcessCollector(FakeSource()).collect(), 0.0)
+    result = store.ingest("process", ProcessCollector(fake_source).collect(), 0.0)
     assert (result.accepted, result.rejected) == (3, 0)
     assert store.value("process_cpu_seconds_total", ()) == 1.75

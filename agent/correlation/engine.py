@@ -41,6 +41,11 @@ class CorrelationEngine:
         self._stall = StallTracker(gpu_intervals, options.stall_settle_seconds, self._out)
         self._last_now: float | None = None
 
+    @property
+    def reads_host_series(self) -> bool:
+        """Its tier paths read host collectors' series: the scheduler refreshes them before each window."""
+        return self._paths is not None and bool(self._o.paths)
+
     def run(self) -> list[Reading]:
         now = self._wall()
         dt = None if self._last_now is None else now - self._last_now

@@ -275,6 +275,7 @@ class Harness:
                 if time.monotonic() > deadline:
                     return False, time.monotonic() - start
                 time.sleep(self.interval / 10)
+                agent.scheduler.refresh()  # a reader: the collectors that run when read run now
             current = fingerprint()
             if complete_since is None and complete():
                 complete_since = time.monotonic()
