@@ -33,6 +33,9 @@ class Job:
     on_read: bool = False
     # an analysis that reads on-read collectors' series: they are refreshed before each of its runs
     reads_on_read: bool = False
+    # runs once at start (reporting up) and never again: an analysis none of whose inputs is enabled, which
+    # would otherwise wake the agent every interval for nothing
+    idle: bool = False
 
 
 def collector_job(name: str, collector: Collector, interval: float, timeout: float, on_read: bool = False) -> Job:
@@ -43,7 +46,8 @@ def collector_job(name: str, collector: Collector, interval: float, timeout: flo
 
 def analysis_job(name: str, analysis: Analysis, interval: float, timeout: float) -> Job:
     return Job(name, analysis.run, interval, timeout, "analysis", None, getattr(analysis, "close", None),
-               reads_on_read=bool(getattr(analysis, "reads_host_series", False)))
+               reads_on_read=bool(getattr(analysis, "reads_host_series", False)),
+               idle=bool(getattr(analysis, "idle", False)))
 
 
 class Call:

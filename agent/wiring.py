@@ -48,6 +48,7 @@ from kvscope.exporters import jsonl, otlp_settings
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.jsonl import JsonlSink
 
+KV_EVENTS = "vllm_kv_events"  # the collector whose access stream the what-if analysis replays
 log = logging.getLogger("kvscope.wiring")
 SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS)
 
@@ -123,9 +124,10 @@ def build_agent(
     records = RecordBuffer(capacity)
     # the what-if analysis' inputs: the KV-event collector's sampled G1 accesses, the latest attributed requests
     whatif = config.analyses.get(WHATIF_SPEC.name)
-    kv_access = KvAccessLog(whatif[1].queue_blocks) if whatif is not None and whatif[0].enabled else None
-    recent = RecentRequests(whatif[1].requests) if kv_access is not None and whatif is not None else None
     enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
+    kv_access = (KvAccessLog(whatif[1].queue_blocks)
+                 if whatif is not None and whatif[0].enabled and KV_EVENTS in enabled else None)
+    recent = RecentRequests(whatif[1].requests) if kv_access is not None and whatif is not None else None
     context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled,
                                kv_access)
 

@@ -320,6 +320,26 @@ def test_an_on_read_job_runs_at_start_then_only_when_read() -> None:
         scheduler.stop(timeout=2)
 
 
+class Idle(Healthy):
+    idle = True  # none of its inputs is enabled
+
+    def run(self) -> Iterable[Reading]:
+        return self.collect()
+
+
+def test_an_idle_analysis_runs_once_and_never_wakes_the_scheduler_again() -> None:
+    store = ticks_store()
+    idle, timed = Idle("idle"), ReadsNothing()
+    scheduler = Scheduler(store, [analysis_job("idle", idle, 0.02, 1.0), analysis_job("timed", timed, 0.02, 1.0)])
+    scheduler.start()
+    try:
+        wait_for(lambda: timed.n >= 20)
+        assert idle.n == 1 and runs(store, "idle", "analysis") == 1
+        assert store.value("kvscope_analysis_up", ("idle",)) == 1.0
+    finally:
+        scheduler.stop(timeout=2)
+
+
 def test_a_scrape_collects_the_on_read_jobs_first() -> None:
     store = ticks_store()
     host = Healthy("host")
@@ -337,6 +357,11 @@ def test_a_scrape_collects_the_on_read_jobs_first() -> None:
     finally:
         scheduler.stop(timeout=2)
         server.stop()
+
+
+class ReadsNothing(Healthy):
+    def run(self) -> Iterable[Reading]:
+        return self.collect()
 
 
 class ReadsHost(Healthy):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvscope.agent.config import load_config
 from kvscope.agent.correlation.engine import CorrelationEngine
+from kvscope.agent.whatif.engine import WhatIfAnalysis
 from kvscope.agent.wiring import build_agent, components
 from kvscope.collectors.gpu_nvml import NvmlCollector
 from kvscope.collectors.otlp_traces import OtlpTracesReceiver
@@ -58,3 +59,18 @@ def test_disabled_stages_are_not_built() -> None:
     agent = build_agent(load_config(text, components(), environ={}))
     assert "nvml" not in agent.collectors and not agent.analyses
     assert {job.name for job in agent.scheduler.jobs} == set(agent.collectors)
+
+
+def test_the_whatif_analysis_is_idle_without_the_kv_event_collector() -> None:
+    """With nothing to replay it must not wake the agent every interval (the idle agent's CPU, issue 16)."""
+    idle = build_agent(load_config(BASE, components(), environ={}))
+    whatif = idle.analyses["whatif"]
+    assert isinstance(whatif, WhatIfAnalysis) and whatif.idle
+    (job,) = [j for j in idle.scheduler.jobs if j.name == "whatif"]
+    assert job.idle
+    kv_events = "[collectors.vllm_kv_events]\nenabled = true\nendpoint = 'tcp://127.0.0.1:5557'\nmodel = 'm'\n"
+    fed = build_agent(load_config(BASE + kv_events, components(), environ={}))
+    whatif = fed.analyses["whatif"]
+    assert isinstance(whatif, WhatIfAnalysis) and not whatif.idle
+    (job,) = [j for j in fed.scheduler.jobs if j.name == "whatif"]
+    assert not job.idle

@@ -59,6 +59,11 @@ class WhatIfAnalysis:
 
     # -- the analysis job --------------------------------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """No KV-event collector hands accesses over: the scheduler runs it once (up = 1) and not again."""
+        return self._access is None
+
     def run(self) -> list[Reading]:
         if self._access is None:
             return []
@@ -303,7 +308,10 @@ class WhatIfAnalysis:
 
 
 def build(options: WhatIfOptions, inputs: AnalysisInputs) -> WhatIfAnalysis:
-    return WhatIfAnalysis(options, inputs.store, inputs.kv_access, inputs.recent_requests, inputs.wall_clock)
+    analysis = WhatIfAnalysis(options, inputs.store, inputs.kv_access, inputs.recent_requests, inputs.wall_clock)
+    if analysis.idle:
+        log.info("what-if analysis: idle, no KV events to replay (it needs [collectors.vllm_kv_events])")
+    return analysis
 
 
 SPEC = AnalysisSpec(
