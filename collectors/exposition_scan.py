@@ -141,7 +141,8 @@ class ExpositionScanner:
         self._prefixes = tuple(prefixes)
         if not self._prefixes:
             raise ValueError("at least one name prefix is required")
-        if any(blank in prefix for prefix in self._prefixes for blank in "{ \t\n"):
+        joined = "".join(self._prefixes)
+        if "{" in joined or " " in joined or "\t" in joined or "\n" in joined:
             raise ValueError("a name prefix cannot hold '{', a blank or a newline")
         self._names = None if names is None else frozenset(names)
         self._cache_size = cache_size
@@ -150,7 +151,8 @@ class ExpositionScanner:
         # The last label set parsed, as the label text before and after the value of the label that
         # varies between neighbouring lines (`le` in a histogram, else the last label), that label,
         # and the labels: the next label text that differs from it only in that value is not parsed.
-        self._last: tuple[str, str, str, dict[str, str]] = ("\n", "", "", {})  # "\n" starts no text
+        self._last: tuple[str, str, str, dict[str, str], int, int] = ("\n", "\n", "", {}, 1, -1)
+        # (with where the value starts and stops in the next text; "\n" starts no label text)
 
     def _labels_of(self, body: str) -> object:
         """The labels of a label text not in the cache (read and kept), or _BAD.
@@ -158,9 +160,9 @@ class ExpositionScanner:
         Exact: `body` differs from the last label set's text only inside the quotes of the value
         that varies, by a text without quotes or backslashes, so it parses alike but for that value.
         """
-        head, tail, varying, last = self._last
-        if body.startswith(head) and body.endswith(tail) and len(body) >= len(head) + len(tail):
-            value = body[len(head) : len(body) - len(tail)]
+        head, tail, varying, last, start, stop = self._last
+        if body.startswith(head) and body.endswith(tail) and len(body) + stop >= start:
+            value = body[start:stop]
             if '"' not in value and "\\" not in value:
                 labels: object = last.copy()
                 labels[varying] = value  # type: ignore[index]  # a dict made here
@@ -187,12 +189,12 @@ class ExpositionScanner:
     def _remember_last_label(self, body: str, labels: dict[str, str]) -> None:
         """Keep `labels` as the last label set, with its last label as the one that varies.
 
-        Only for a text without backslashes that ends in the last value's closing quote: as the
-        text parsed, its quotes then pair up and the one before the last opens the last value."""
-        if not labels or body[-1] != '"' or "\\" in body:
-            return
-        opening = body.rfind('"', 0, len(body) - 1)
-        self._last = (body[: opening + 1], '"', next(reversed(labels)), labels)
+        Only for a text without backslashes that ends in the last value's closing quote: as it
+        parsed, that value's text is then its value, right before the closing quote."""
+        if labels and body[-1] == '"' and "\\" not in body:
+            varying, value = next(reversed(labels.items()))
+            start = len(body) - 1 - len(value)
+            self._last = (body[:start], '"', varying, labels, start, -1)
 
     def _bucket_labels(self, body: str) -> object | None:
         """A histogram bucket's labels from its series' labels, or None when `body` is not one.
@@ -214,7 +216,7 @@ class ExpositionScanner:
         if parsed is _BAD:
             return _BAD
         base: dict[str, str] = parsed  # type: ignore[assignment]  # a parsed dict, "le" in its place
-        self._last = (body[:start], body[end:], "le", base)
+        self._last = (body[:start], body[end:], "le", base, start, end - len(body))
         labels = base.copy()
         labels["le"] = body[start:end]
         return labels
@@ -275,7 +277,10 @@ class ExpositionScanner:
             close = line.rfind("}")
             if close < len(current):
                 return None
-            labels = self._labels_of(line[len(current) : close])
+            body = line[len(current) : close]
+            labels = self._labels.get(body)
+            if labels is None:
+                labels = self._labels_of(body)
             if labels is _BAD:
                 return None
             rest = line[close + 1 :]
