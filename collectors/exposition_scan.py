@@ -21,9 +21,13 @@ Format points handled (the spec and prometheus_client's writer):
   in which case the last line is read like any other (many pages in the wild lack the final newline).
 
 Malformed lines are counted, the first one is described (for a log line), and the scan goes on.
-Label sets are parsed once per distinct label text and kept in a bounded per-scanner cache: a
+Label sets are read once per distinct label text and kept in a bounded per-scanner cache: a
 scraped page repeats its label texts from one scrape to the next, so steady-state scans only look
-them up. The returned label mappings are shared with that cache and must not be modified.
+them up. The returned label mappings are shared with that cache and must not be modified. The first
+scan (an empty cache) is kept cheap too: a histogram bucket's labels are its series' labels (the text
+with `le=""`, parsed once) plus its `le`, and a label text that differs from the last one read only
+inside the value that varies (`le`, or the last label) is not parsed again; both only for texts
+without backslashes, where every quote is a delimiter and the shortcut is exact.
 """
 
 from __future__ import annotations
