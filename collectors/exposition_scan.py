@@ -21,9 +21,13 @@ Format points handled (the spec and prometheus_client's writer):
   in which case the last line is read like any other (many pages in the wild lack the final newline).
 
 Malformed lines are counted, the first one is described (for a log line), and the scan goes on.
-Label sets are parsed once per distinct label text and kept in a bounded per-scanner cache: a
+Label sets are read once per distinct label text and kept in a bounded per-scanner cache: a
 scraped page repeats its label texts from one scrape to the next, so steady-state scans only look
-them up. The returned label mappings are shared with that cache and must not be modified.
+them up. The returned label mappings are shared with that cache and must not be modified. The first
+scan (an empty cache) is kept cheap too: a histogram bucket's labels are its series' labels (the text
+with `le=""`, parsed once) plus its `le`, and a label text that differs from the last one read only
+inside the value that varies (`le`, or the last label) is not parsed again; both only for texts
+without backslashes, where every quote is a delimiter and the shortcut is exact.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from dataclasses import dataclass, field
 Labels = Mapping[str, str]
 SampleList = list[tuple[Labels, float]]
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _NO_LABELS: Labels = {}
@@ -142,19 +145,85 @@ class ExpositionScanner:
         self._prefixes = tuple(prefixes)
         if not self._prefixes:
             raise ValueError("at least one name prefix is required")
+        joined = "".join(self._prefixes)
+        if "{" in joined or " " in joined or "\t" in joined or "\n" in joined:
+            raise ValueError("a name prefix cannot hold '{', a blank or a newline")
         self._names = None if names is None else frozenset(names)
         self._cache_size = cache_size
         self._labels: dict[str, object] = {}  # label text -> parsed labels, or _BAD
         self._decisions: dict[str, str] = {}  # line prefix "name{" -> name, _SKIP or "" (invalid)
+        # The last label set parsed, as the label text before and after the value of the label that
+        # varies between neighbouring lines (`le` in a histogram, else the last label), that label,
+        # and the labels: the next label text that differs from it only in that value is not parsed.
+        self._last: tuple[str, str, str, dict[str, str], int, int] = ("\n", "\n", "", {}, 1, -1)
+        # (with where the value starts and stops in the next text; "\n" starts no label text)
 
     def _labels_of(self, body: str) -> object:
-        cached = self._labels.get(body)
-        if cached is None:
-            if len(self._labels) >= self._cache_size:
-                self._labels.clear()  # a page that changes all its labels every scrape: start over
+        """The labels of a label text not in the cache (read and kept), or _BAD.
+
+        Exact: `body` differs from the last label set's text only inside the quotes of the value
+        that varies, by a text without quotes or backslashes, so it parses alike but for that value.
+        """
+        head, tail, varying, last, start, stop = self._last
+        if body.startswith(head) and body.endswith(tail) and len(body) + stop >= start:
+            value = body[start:stop]
+            if '"' not in value and "\\" not in value:
+                labels: object = last.copy()
+                labels[varying] = value  # type: ignore[index]  # a dict made here
+            else:
+                labels = self._read(body)
+        else:
+            labels = self._read(body)
+        if len(self._labels) >= self._cache_size:
+            self._labels.clear()  # a page that changes all its labels every scrape: start over
+        self._labels[body] = labels
+        return labels
+
+    def _read(self, body: str) -> object:
+        """A label text's labels (a histogram bucket's from its series', else parsed), or _BAD."""
+        labels = self._bucket_labels(body)
+        if labels is None:
             parsed = parse_labels(body)
-            cached = self._labels[body] = _BAD if parsed is None else parsed
-        return cached
+            if parsed is None:
+                return _BAD
+            self._remember_last_label(body, parsed)
+            labels = parsed
+        return labels
+
+    def _remember_last_label(self, body: str, labels: dict[str, str]) -> None:
+        """Keep `labels` as the last label set, with its last label as the one that varies.
+
+        Only for a text without backslashes that ends in the last value's closing quote: as it
+        parsed, that value's text is then its value, right before the closing quote."""
+        if labels and body[-1] == '"' and "\\" not in body:
+            varying, value = next(reversed(labels.items()))
+            start = len(body) - 1 - len(value)
+            self._last = (body[:start], '"', varying, labels, start, -1)
+
+    def _bucket_labels(self, body: str) -> object | None:
+        """A histogram bucket's labels from its series' labels, or None when `body` is not one.
+
+        The bucket lines of one series differ only in `le`, so `body` is read as its series' label
+        text with `le=""` (parsed once, cached) plus the `le` value. Exact when `body` has no
+        backslash and the `le="` found opens a value (an even number of quotes before it): every
+        quote is then a delimiter, the value holds no quote, and the two texts parse alike but for it.
+        """
+        at = body.find('le="')
+        if at < 0 or (at and body[at - 1] != ",") or "\\" in body or body.count('"', 0, at) % 2:
+            return None  # (an `le` after a label named like `handle` is not looked for: parsed whole)
+        start = at + 4
+        end = body.find('"', start)
+        if end <= start:
+            return None  # no closing quote (malformed: parse it whole), or le="" (the series text itself)
+        series = body[:start] + body[end:]  # its le="" makes it a plain parse
+        parsed = self._labels.get(series) or self._labels_of(series)
+        if parsed is _BAD:
+            return _BAD
+        base: dict[str, str] = parsed  # type: ignore[assignment]  # a parsed dict, "le" in its place
+        self._last = (body[:start], body[end:], "le", base, start, end - len(body))
+        labels = base.copy()
+        labels["le"] = body[start:end]
+        return labels
 
     def scan(self, text: str, complete: bool = False) -> ScanResult:
         """The selected samples of `text`. `complete`: the text is known to be whole, so a last line
@@ -170,26 +239,28 @@ class ExpositionScanner:
                 self._problem(result, tail, "cut off (no final newline)", len(lines) + 1)
         prefixes, label_cache = self._prefixes, self._labels
         # The lines of one sample name come together, so the name is looked at only when the line
-        # stops starting with the previous "name{" (or "name "): a line of a family we skip costs
-        # two startswith calls, a line we keep one rpartition, one dict lookup and one float().
+        # stops starting with the previous "name{" (or "name "): a line of a family we read or skip
+        # costs one startswith call, a line we keep one rpartition, one dict lookup and one float().
+        # (A prefix holds no "{" or blank, so a line starting with `current` starts with a prefix.)
         current = "\n"  # matches no line
-        skip = True
+        width, labelled, skip = 1, False, True
         bucket: SampleList = []
         for line in lines:
-            if not line.startswith(prefixes):
-                continue
             if not line.startswith(current):
+                if not line.startswith(prefixes):
+                    continue
                 current, bucket, skip = self._switch(result, line)
+                width, labelled = len(current), current[-1] == "{"
             if skip:
                 continue
-            if current[-1] == "{":
+            if labelled:
                 head, _, rest = line.rpartition("} ")
-                body = head[len(current) :]
+                body = head[width:]
                 labels = label_cache.get(body)
                 if labels is None:
                     labels = self._labels_of(body)
             else:
-                rest = line[len(current) :]
+                rest = line[width:]
                 labels = _NO_LABELS
             try:
                 if labels is _BAD or "_" in rest:
@@ -210,7 +281,10 @@ class ExpositionScanner:
             close = line.rfind("}")
             if close < len(current):
                 return None
-            labels = self._labels_of(line[len(current) : close])
+            body = line[len(current) : close]
+            labels = self._labels.get(body)
+            if labels is None:
+                labels = self._labels_of(body)
             if labels is _BAD:
                 return None
             rest = line[close + 1 :]
@@ -262,7 +336,8 @@ class ExpositionScanner:
         """`name` if its samples are wanted, _SKIP if not, "" if it is not a valid metric name."""
         if (self._names is not None and name not in self._names) or name.endswith("_created"):
             return _SKIP
-        return name if _NAME.fullmatch(name) else ""
+        # [a-zA-Z_:][a-zA-Z0-9_:]*: for ASCII text, isidentifier() is [a-zA-Z_][a-zA-Z0-9_]*
+        return name if name.replace(":", "_").isidentifier() and name.isascii() else ""
 
     @staticmethod
     def _problem(result: ScanResult, line: str, why: str, number: int = 0) -> None:

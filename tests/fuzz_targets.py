@@ -212,12 +212,23 @@ def engine_pages() -> Target:
 
 
 def exposition_labels() -> Target:
+    scanner = ExpositionScanner(("vllm:",), cache_size=64)
+
     def run(data: bytes) -> None:
         labels = parse_labels(_text(data))
         assert labels is None or all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        # the scanner's shortcuts (a bucket from its series, a text from the last one read) read
+        # every text, one after another, exactly as a parse of it alone would, key order included
+        for body in _text(data).split("\n"):
+            read = scanner._labels.get(body) or scanner._labels_of(body)
+            expected = parse_labels(body)
+            assert (read if isinstance(read, dict) else None) == expected
+            assert expected is None or list(read) == list(expected)  # type: ignore[call-overload]
 
     seeds = [b'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"', b'le="+Inf",a="x\\"y\\\\z\\n"',
-             b'source="local_compute",', b' a = "1" , b="2"']
+             b'source="local_compute",', b' a = "1" , b="2"',
+             b'engine="0",le="1.0",model_name="m"\nengine="0",le="2.5",model_name="m"\nengine="0",le="+Inf",model_name="m"',
+             b'a="1",source="x"\na="1",source="y"\na="1",source="z",\na="2",source="y"']
     return Target("exposition_labels", run, seeds, TEXT_TOKENS)
 
 

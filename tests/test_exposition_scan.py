@@ -173,3 +173,35 @@ def test_parse_labels_paths_agree() -> None:
 def test_scanner_needs_a_prefix() -> None:
     with pytest.raises(ValueError):
         ExpositionScanner(())
+
+
+def test_prefix_must_be_the_start_of_a_name() -> None:
+    for prefix in ("vllm:{", "vllm ", "vllm\t"):
+        with pytest.raises(ValueError):
+            ExpositionScanner((prefix,))
+
+
+LABEL_TEXTS = [
+    'engine="0",le="1.0",model_name="m"', 'engine="0",le="+Inf",model_name="m"', 'le="5",a="1"', 'a="1",le="2"',
+    'engine="0",le="",model_name="m"', 'engine="0",le="7",model_name="m",', 'engine="0",le="x y",model_name="m"',
+    'a="1",b="x"', 'a="1",b="y"', 'a="1",b=""', 'a="1",b="q\\"z"', 'a="1",b="w\\\\"', 'a="1",b="7",',
+    'a=",le="', 'a=",le="1",b="2"', 'a=",le="3",b="4"', 'handle="x",le="9"', 'xle="1"', 'le="1"x="2"',
+    'engine="0",le="3",le="4"', 'engine="0",le="5",model_name="m"x', 'engine="0",le="6",model_name="m',
+    'a="1",b="x",c', 'a="1",b="x"c="2"', ' a = "1" , b = "x"', 'a="1",b="x" ', 'a="1",le="2" ,b="3"',
+    'a="1",le="2\\"",b="3"', 'a="\\"",le="4",b="5"', 'le="8', 'le="9",', 'le=""', 'a="1",b="x"",c="2"',
+]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_labels_read_from_the_last_set_equal_a_full_parse(seed: int) -> None:
+    """Bucket and neighbouring label texts are read from the last label set; in any order, every
+    text must read exactly as parse_labels reads it on its own."""
+    rng = random.Random(seed)
+    texts = LABEL_TEXTS * 2
+    rng.shuffle(texts)
+    scanner = ExpositionScanner(("vllm:",), cache_size=rng.choice([3, 1000]))
+    page = "".join(f"vllm:h_bucket{{{body}}} {i}\n" for i, body in enumerate(texts))
+    result = scanner.scan(page)
+    expected = [(parse_labels(body), float(i)) for i, body in enumerate(texts)]
+    assert result.samples.get("vllm:h_bucket", []) == [(labels, v) for labels, v in expected if labels is not None]
+    assert result.malformed == sum(labels is None for labels, _ in expected)
