@@ -163,21 +163,29 @@ class Receiver:
             if stream is not None:
                 moved += self._drain(sock, stream)
             else:
-                self._reconnect(sock)
+                moved += self._reconnect(sock)
         return moved
 
-    def _reconnect(self, monitor: zmq.Socket[Any]) -> None:
+    def _reconnect(self, monitor: zmq.Socket[Any]) -> int:
         """A SUB lost its connection. After a protocol error (a frame over MAXMSGSIZE) ZMQ would leave it
         disconnected for good; after any other, it is reconnecting already. Either way, start over: one
-        disconnect and connect leaves exactly one connection attempt behind."""
+        disconnect and connect leaves exactly one connection attempt behind. What the old connection
+        delivered is read first: disconnect() discards a pipe's unread messages, and a batch lost that way
+        before the first one read would pass for a late join instead of a gap. Returns the messages read."""
         sock, stream = self._monitors[monitor]
         recv_monitor_message(monitor)
+        moved = 0
+        while (n := self._drain(sock, stream)) > 0:
+            moved += n
+            if n < DRAIN_LIMIT:
+                break
         with contextlib.suppress(zmq.ZMQError):  # ZMQ may have forgotten the endpoint already
             sock.disconnect(stream.endpoint)
         sock.connect(stream.endpoint)
         self.reconnects += 1
         log_once(stream, "reconnect", "the connection to the publisher dropped (it went away, or sent a "
                  f"frame over max_message_bytes={self.options.max_message_bytes}); connecting again")
+        return moved
 
     def _drain(self, sock: zmq.Socket[Any], stream: Stream) -> int:
         queue = self._queue
