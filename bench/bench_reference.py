@@ -6,7 +6,8 @@
 - G2 → G1 copies (the store's memory path) against a plain numpy copy streaming over pre-faulted pools of
   the same size and block size.
 The reference for reads is the faster of fio and dd in each round (dd timed by its own report).
-Also prints the whole fetch (read + copy into G1 + bookkeeping) per block. Goal: ≥ 80 % of each reference.
+Goal (issue 4): ≥ 80 % of each reference. Also prints the whole fetch (read + copy into G1 + bookkeeping) beside
+the read reference, without a verdict: it does a read and a copy, the reference a read alone.
 Usage: .venv/bin/python bench/bench_reference.py [--dir DIR] [--blocks N] [--rounds R]
 """
 
@@ -130,13 +131,17 @@ def numpy_copy(n: int, block_bytes: int) -> float:
     return gbps(n * block_bytes, time.perf_counter() - t0)
 
 
-def row(name: str, ours: list[float], ref: list[float], ref_name: str) -> str:
+def row(name: str, ours: list[float], ref: list[float], ref_name: str, goal: bool = True) -> str:
+    """One figure beside its reference; `goal`: judged against GOAL and recorded for make bench's table."""
     o, r = statistics.median(ours), statistics.median(ref)
-    met = goal_verdict(f"reference pipeline: {name.strip()}", f"{o:.2f} GB/s", f"{ref_name} {r:.2f} GB/s; goal "
-                       f"{GOAL:.0%} of it", f"x{o / r:.2f}", o >= GOAL * r)
+    if goal:
+        met = goal_verdict(f"reference pipeline: {name.strip()}", f"{o:.2f} GB/s", f"{ref_name} {r:.2f} GB/s; goal "
+                           f"{GOAL:.0%} of it", f"x{o / r:.2f}", o >= GOAL * r)
+        verdict = "MET" if met else "MISSED"
+    else:
+        verdict = "(no goal)"
     return (f"{name:<30} {o:>6.2f} GB/s  vs {ref_name:<30} {r:>6.2f} GB/s   {100 * o / r:>5.0f} %  "
-            f"{'MET' if met else 'MISSED'}  (runs: {', '.join(f'{x:.2f}' for x in ours)} / "
-            f"{', '.join(f'{x:.2f}' for x in ref)})")
+            f"{verdict}  (runs: {', '.join(f'{x:.2f}' for x in ours)} / {', '.join(f'{x:.2f}' for x in ref)})")
 
 
 def read_rows(where: Path, n: int, block_bytes: int, rounds: int, direct: bool, label: str) -> list[str]:
@@ -155,8 +160,10 @@ def read_rows(where: Path, n: int, block_bytes: int, rounds: int, direct: bool, 
         ref.append(bw)
         names.add(ref_name)
     ref_name = " / ".join(sorted(names))
+    # the whole fetch reads and then copies into G1: against a read alone it is shown, not judged (from the
+    # page cache both are memory copies, so a read plus a copy runs near half a read's rate by construction)
     return [row(f"G3/G4 read, {label}", ours, ref, ref_name),
-            row(f"  whole fetch to G1, {label.split()[0]}", whole, ref, ref_name)]
+            row(f"  whole fetch to G1, {label.split()[0]}", whole, ref, ref_name, goal=False)]
 
 
 def main() -> int:
