@@ -9,6 +9,7 @@ never imports them, and a missing extra is one line naming it.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import signal
@@ -69,6 +70,10 @@ def _run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
     agent.start()
+    # What exists now (modules, classes, the wiring) lives as long as the agent: frozen out of the cyclic
+    # collector's sight, a full collection walks only what came later. Unfrozen, each one walked ~34,000
+    # objects for 7-18 ms of CPU, several scrapes' worth for an agent scraped every 15 s (docs/scheduler.md).
+    gc.freeze()
     enabled = [j.name for j in agent.scheduler.jobs]
     where = ""
     if agent.server is not None:
