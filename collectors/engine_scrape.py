@@ -9,19 +9,17 @@ reported (same engine, model and dp rank) is dropped and counted as `duplicate_s
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kvscope.agent.catalogue import MetricSpec
-from kvscope.agent.readings import Reading, Sample
+from kvscope.agent.readings import Reading
 from kvscope.collectors.engine_map import Normalised
 from kvscope.collectors.exposition_scan import ExpositionScanner, ScanResult
-from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
+from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch
+from kvscope.collectors.scrape_target import ScrapeTarget, SeriesKey, target_health
 from kvscope.collectors.storage_placement import Placement, placement_info
-from kvscope.collectors.vllm_metrics import ERROR_KINDS, METRICS, check_url
-
-log = logging.getLogger("kvscope.collectors.engines")
+from kvscope.collectors.vllm_metrics import METRICS, check_url
 
 SCRAPE_METRICS: tuple[MetricSpec, ...] = tuple(m for m in METRICS if m.name.startswith("kvscope_scrape_"))
 MIB = 1 << 20
@@ -56,17 +54,6 @@ def check_targets(urls: list[str], what: str) -> None:
         raise ValueError("urls: a URL is listed twice")
 
 
-@dataclass
-class _Target:
-    url: str
-    scanner: ExpositionScanner
-    up: bool | None = None
-    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
-    malformed: int = 0
-    response_bytes: int = 0
-    reported_malformed: bool = False
-
-
 class PageScraper:
     """Fetches each target, scans it for the dialect's samples and hands the page to `normalise`."""
 
@@ -75,63 +62,26 @@ class PageScraper:
                  fetch: Fetcher | None = None) -> None:
         self.collector = collector
         self._normalise = normalise
-        self._targets = [_Target(url, ExpositionScanner(prefixes, wanted)) for url in urls]
+        self._targets = [ScrapeTarget(url, ExpositionScanner(prefixes, wanted)) for url in urls]
         # all targets at once, each within its own deadline: a slow one costs the others nothing
         self._scrape_all = ParallelScrape([t.url for t in self._targets], fetch or http_fetch, timeout, max_bytes)
 
     def collect(self) -> list[Reading]:
         readings: list[Reading] = []
-        claimed: set[tuple[str, tuple[str, ...]]] = set()
+        claimed: set[SeriesKey] = set()
         for target, answer in zip(self._targets, self._scrape_all.cycle(), strict=True):
             self._scrape(target, answer, readings, claimed)
-        for t in self._targets:
-            labels = (self.collector, t.url)
-            readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))
-            readings.append(Sample("kvscope_scrape_malformed_lines_total", labels, float(t.malformed)))
-            readings.append(Sample("kvscope_scrape_response_bytes", labels, float(t.response_bytes)))
-            readings.extend(Sample("kvscope_scrape_errors_total", (*labels, kind), float(n))
-                            for kind, n in t.errors.items())
+        readings.extend(target_health(self.collector, self._targets))
         return readings
 
-    def _scrape(self, target: _Target, answer: bytes | ScrapeError, readings: list[Reading],
-                claimed: set[tuple[str, tuple[str, ...]]]) -> None:
-        try:
-            if isinstance(answer, ScrapeError):
-                raise answer
-            target.response_bytes = len(answer)
-            # a page HTTP vouches for (its Content-Length met) is whole even without a final newline
-            page = target.scanner.scan(answer.decode("utf-8", errors="replace"), complete=is_whole(answer))
-            if page.truncated:  # a cut-off page may lack some of the series summed into one: use none of it
-                raise ScrapeError("truncated", "the body does not end with a newline")
-        except ScrapeError as exc:
-            target.errors[exc.kind] += 1
-            if target.up is not False:
-                log.warning("%s target %s: scrape failed (%s); retrying every cycle", self.collector, target.url, exc)
-            target.up = False
+    def _scrape(self, target: ScrapeTarget, answer: bytes | ScrapeError, readings: list[Reading],
+                claimed: set[SeriesKey]) -> None:
+        page = target.page(self.collector, answer)
+        if page is None:
             return
-        if target.up is False:
-            log.info("%s target %s: scraping again", self.collector, target.url)
-        target.up = True
         result = self._normalise(target.url, page)
-        target.malformed += page.malformed + result.dropped
-        if (page.malformed or result.dropped) and not target.reported_malformed:
-            target.reported_malformed = True
-            log.warning("%s target %s: %d malformed line(s) and %d unusable sample(s) skipped (counted in "
-                        "kvscope_scrape_malformed_lines_total, logged once); first: %s", self.collector,
-                        target.url, page.malformed, result.dropped, page.first_problem or "-")
-        duplicates = 0
-        for reading in result.readings:
-            key = (reading.name, reading.labels)
-            if key in claimed:
-                duplicates += 1
-                continue
-            claimed.add(key)
-            readings.append(reading)
-        if duplicates:
-            target.errors["duplicate_series"] += 1
-            if target.errors["duplicate_series"] == 1:
-                log.warning("%s target %s: %d series already reported by another target were dropped; give "
-                            "each target distinct engines", self.collector, target.url, duplicates)
+        target.count_malformed(self.collector, page, result.dropped)
+        target.claim(self.collector, result.readings, claimed, readings, "same name and labels")
 
 
 class EngineCollector:

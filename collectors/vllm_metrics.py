@@ -66,10 +66,11 @@ from kvscope.agent import contract as c
 from kvscope.agent.catalogue import counter, gauge
 from kvscope.agent.contract import ENGINE_LABELS
 from kvscope.agent.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.readings import HistogramSample, Reading, Sample
+from kvscope.agent.readings import HistogramSample, Reading
 from kvscope.agent.tiers import Tier, parse_tier
 from kvscope.collectors.exposition_scan import ExpositionScanner
-from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, ScrapeError, http_fetch, is_whole
+from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, http_fetch
+from kvscope.collectors.scrape_target import ScrapeTarget, SeriesKey, target_health
 from kvscope.collectors.vllm_map import (
     CONNECTOR,
     DEFAULT_SOURCE_TIERS,
@@ -84,7 +85,6 @@ log = logging.getLogger("kvscope.collectors.vllm")
 
 NAME = "vllm"
 MIB = 1 << 20
-ERROR_KINDS = ("connect", "timeout", "http_status", "too_large", "truncated", "protocol", "duplicate_series")
 _T = ("collector", "target")
 
 METRICS = (
@@ -163,21 +163,6 @@ def check_url(url: str) -> None:
 # in vLLM's multiprocess mode, the offload config after a restart): held through an engine restart.
 _HELD_GAUGES = frozenset({c.TIER_CAPACITY_BYTES, c.TIER_CAPACITY_TOKENS})
 
-SeriesKey = tuple[str, tuple[str, ...]]
-
-
-@dataclass
-class _Target:
-    url: str
-    scanner: ExpositionScanner
-    up: bool | None = None
-    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
-    malformed: int = 0
-    response_bytes: int = 0
-    reported_malformed: bool = False
-    held: dict[SeriesKey, Reading] = field(default_factory=dict)  # last histograms and capacities seen
-
-
 class VllmMetricsCollector:
     """Scrapes its targets in parallel, each with its own whole-request deadline, so one slow target can
     take neither another target's series nor the collector's own health; each failure is counted on its
@@ -190,7 +175,7 @@ class VllmMetricsCollector:
         self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers,
                                       self._unknown_tier)
         wanted = wanted_samples()
-        self._targets = [_Target(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
+        self._targets = [ScrapeTarget(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
         self._scrape = ParallelScrape(options.urls, fetch or http_fetch, options.scrape_timeout_seconds,
                                       options.max_response_bytes)
 
@@ -204,57 +189,14 @@ class VllmMetricsCollector:
         readings: list[Reading] = []
         claimed: set[SeriesKey] = set()  # series keys already given by a target
         for target, answer in zip(self._targets, self._scrape.cycle(), strict=True):
-            if isinstance(answer, ScrapeError):
-                self._failed(target, answer)
-            else:
-                self._use(target, answer, readings, claimed)
-        for t in self._targets:
-            labels = (NAME, t.url)
-            readings.append(Sample("kvscope_scrape_target_up", labels, 1.0 if t.up else 0.0))
-            readings.append(Sample("kvscope_scrape_malformed_lines_total", labels, float(t.malformed)))
-            readings.append(Sample("kvscope_scrape_response_bytes", labels, float(t.response_bytes)))
-            readings.extend(Sample("kvscope_scrape_errors_total", (*labels, kind), float(n))
-                            for kind, n in t.errors.items())
-        return readings
-
-    @staticmethod
-    def _failed(target: _Target, exc: ScrapeError) -> None:
-        target.errors[exc.kind] += 1
-        if target.up is not False:
-            log.warning("vllm target %s: scrape failed (%s); retrying every cycle", target.url, exc)
-        target.up = False
-
-    def _use(self, target: _Target, body: bytes, readings: list[Reading], claimed: set[SeriesKey]) -> None:
-        target.response_bytes = len(body)
-        page = target.scanner.scan(body.decode("utf-8", errors="replace"), complete=is_whole(body))
-        if page.truncated:
-            # a cut-off page may lack some of the series that are summed into one: use none of it
-            self._failed(target, ScrapeError("truncated", "the body does not end with a newline (and HTTP "
-                                             "did not say its length)"))
-            return
-        if target.up is False:
-            log.info("vllm target %s: scraping again", target.url)
-        target.up = True
-        result = self._normaliser.normalise(page)
-        target.malformed += page.malformed + result.dropped
-        if (page.malformed or result.dropped) and not target.reported_malformed:
-            target.reported_malformed = True
-            log.warning("vllm target %s: %d malformed line(s) and %d unusable sample(s) skipped (counted in "
-                        "kvscope_scrape_malformed_lines_total, logged once); first: %s", target.url,
-                        page.malformed, result.dropped, page.first_problem or "-")
-        duplicates = 0
-        for reading in _with_held(target.held, result.readings):
-            key = (reading.name, reading.labels)
-            if key in claimed:
-                duplicates += 1
+            page = target.page(NAME, answer)
+            if page is None:
                 continue
-            claimed.add(key)
-            readings.append(reading)
-        if duplicates:
-            target.errors["duplicate_series"] += 1
-            if target.errors["duplicate_series"] == 1:
-                log.warning("vllm target %s: %d series already reported by another target (same model and "
-                            "dp rank) were dropped; give each target distinct engines", target.url, duplicates)
+            result = self._normaliser.normalise(page)
+            target.count_malformed(NAME, page, result.dropped)
+            target.claim(NAME, _with_held(target.held, result.readings), claimed, readings, "same model and dp rank")
+        readings.extend(target_health(NAME, self._targets))
+        return readings
 
 
 def _with_held(held: dict[SeriesKey, Reading], readings: list[Reading]) -> list[Reading]:

@@ -107,14 +107,7 @@ def agent_config_text(metrics_url: str, kv_endpoint: str, kv_replay: str, model:
     rate = f"reuse_sample_rate = {reuse_sample_rate}\n" if reuse_sample_rate is not None else ""
     disk = (f"include = [{_toml_str(disk_device)}]  # the disk holding G3/G4" if disk_device
             else "enabled = false  # G3/G4 are not on a block device (tmpfs, overlay)")
-    return f"""\
-[agent]
-interval = {interval}
-log_level = "warning"
-
-[exporters.prometheus]
-listen = "127.0.0.1:0"
-
+    return agent_config_head(interval) + f"""\
 [collectors.vllm]
 enabled = true
 urls = [{_toml_str(metrics_url)}]
@@ -130,6 +123,26 @@ engine = "{ENGINE_KIND}"
 model = {_toml_str(model)}
 kv_bytes_per_token = {kv_bytes_per_token}  # the model's KV geometry (kvscope kv-size prints it)
 {rate}
+""" + agent_config_tail(model, requests_jsonl, disk) + extra
+
+
+def agent_config_head(interval: float) -> str:
+    """The tables every self-test agent starts with: its interval and a /metrics port of its own."""
+    return f"""\
+[agent]
+interval = {interval}
+log_level = "warning"
+
+[exporters.prometheus]
+listen = "127.0.0.1:0"
+
+"""
+
+
+def agent_config_tail(model: str, requests_jsonl: Path, disk: str) -> str:
+    """The tables every self-test agent ends with: the reference engine's traces, attributed requests to
+    `requests_jsonl`, the disk collector as `disk` says, the host collectors the checks do not read off."""
+    return f"""\
 [collectors.otlp_traces]
 enabled = true
 listen = "127.0.0.1:0"
@@ -154,7 +167,7 @@ enabled = false
 
 [collectors.rdma]
 enabled = false
-{extra}"""
+"""
 
 
 Hook = Callable[[str, Engine, str, str], None]  # label, engine, engine URL, agent URL

@@ -37,13 +37,14 @@ from kvscope.agent.reference.tracing import RequestTracer
 from kvscope.agent.selftest.checks import Check, _exact, check_run, engine_samples
 from kvscope.agent.selftest.harness import (
     ENGINE_KIND,
-    STALL_SETTLE_SECONDS,
     Harness,
     RunCapture,
     TallyingEngine,
     _get,
     _read_jsonl,
     _toml_str,
+    agent_config_head,
+    agent_config_tail,
 )
 from kvscope.agent.selftest.plans import SMALL
 from kvscope.agent.tiers import Tier
@@ -108,14 +109,7 @@ def stack_config_text(vllm_url: str, kvbm_url: str, model: str, disk_dir: Path, 
                       interval: float, kv_bytes_per_token: int) -> str:
     """The agent's configuration for the seeds' pod, as an operator would write it."""
     fstype = fstype_of(disk_dir.parent)
-    return f"""\
-[agent]
-interval = {interval}
-log_level = "warning"
-
-[exporters.prometheus]
-listen = "127.0.0.1:0"
-
+    return agent_config_head(interval) + f"""\
 [collectors.vllm]
 enabled = true
 urls = [{_toml_str(vllm_url)}]
@@ -133,31 +127,7 @@ network_fstypes = [{_toml_str(fstype)}]  # a local stand-in for the seeds' Stora
 geometry_url = {_toml_str(vllm_url)}  # KVBM's block size, learned from vLLM's cache_config_info
 kv_bytes_per_token = {kv_bytes_per_token}
 
-[collectors.otlp_traces]
-enabled = true
-listen = "127.0.0.1:0"
-engine = "{ENGINE_KIND}"
-model = {_toml_str(model)}
-
-[analyses.correlation]
-stall_settle_seconds = {STALL_SETTLE_SECONDS}
-
-[exporters.jsonl]
-enabled = true
-path = {_toml_str(str(requests_jsonl))}
-
-[collectors.disk]
-enabled = false
-
-[collectors.nvml]
-enabled = false
-
-[collectors.network]
-enabled = false
-
-[collectors.rdma]
-enabled = false
-"""
+""" + agent_config_tail(model, requests_jsonl, "enabled = false")
 
 
 class KvbmStackHarness(Harness):
