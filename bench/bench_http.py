@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import base64
 import http.client
-import resource
 import signal
 import socket
 import ssl
@@ -40,13 +39,10 @@ from pathlib import Path
 import bcrypt
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 MIB = 1 << 20
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.http_helpers import free_port, kvscope_run  # noqa: E402
 
 
 class Agent:
@@ -76,31 +72,8 @@ def agent(checkout: Path, tmp: Path, web_config: str = "", nofile: int | None = 
     config.write_text(f"[exporters.prometheus]\nlisten = '127.0.0.1:{metrics}'\nweb_config_file = '{web_config}'\n"
                       f"[collectors.otlp_traces]\nenabled = true\nlisten = '127.0.0.1:{otlp}'\n")
     stderr = tmp / "stderr.log"
-
-    def limit() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(config)],
-                                cwd=checkout, stdout=subprocess.DEVNULL, stderr=err, text=True, preexec_fn=limit)
-    a = Agent(proc, metrics, otlp, stderr)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", metrics), timeout=1).close()
-                socket.create_connection(("127.0.0.1", otlp), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"agent did not start:\n{a.log()}") from None
-                time.sleep(0.1)
-        yield a
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with kvscope_run(config, stderr, (metrics, otlp), nofile, cwd=checkout) as proc:
+        yield Agent(proc, metrics, otlp, stderr)
 
 
 def scrape(port: int, context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None,
