@@ -29,7 +29,7 @@ from typing import Literal
 
 from kvscope.agent.readings import HistogramSample, Reading
 from kvscope.collectors.exposition_scan import Labels, ScanResult
-from kvscope.collectors.vllm_map import _resolve as resolve_entries  # one precedence rule for every engine
+from kvscope.collectors.vllm_map import resolve_entries  # one precedence rule for every engine
 
 FIXED_UNITS = {"": 1.0, "ms": 1e-3, "gb": 1e9}
 Extra = tuple[str, ...]

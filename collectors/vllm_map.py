@@ -222,7 +222,7 @@ class Normaliser:
                     extra, priority = resolved[0], max(priority, resolved[1])
                 base = (self.engine, model, dp)
                 entries.append((base, rule.group, rule.rank, rule.metric, (*base, *extra), priority, value))
-        out.readings.extend(_resolve(entries))
+        out.readings.extend(resolve_entries(entries))
         out.readings.extend(self._histograms(samples, models, out))
         out.readings.extend(self._capacities(samples, models))
         return out
@@ -275,7 +275,7 @@ class Normaliser:
         return (self.engine, labels.get("model_name") or models.get(dp, ""), dp)
 
 
-def _resolve(entries: list[tuple[tuple[str, ...], str, int, str, tuple[str, ...], int, float]]) -> list[Reading]:
+def resolve_entries(entries: list[tuple[tuple[str, ...], str, int, str, tuple[str, ...], int, float]]) -> list[Reading]:
     """Applies group ranks, then per-series priorities, and sums what is left per series."""
     best_rank: dict[tuple[tuple[str, ...], str], int] = {}
     for base, group, rank, *_ in entries:
