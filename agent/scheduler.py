@@ -279,7 +279,7 @@ class Scheduler:
             if call.ended - call.began > self.inline_budget and not self._stop.is_set():
                 # slow, though it finished: from now on it runs beside the others
                 self._dedicate(state, None, f"its last run took {call.ended - call.began:.3f} s")
-            elif not state.job.on_read and not (state.job.idle and not error and call.error is None):
+            elif not state.job.on_read and not (state.job.idle and state.failures == 0):  # an idle job ran once
                 heapq.heappush(self._due, (next_due, state.order, state))
         return True
 

@@ -101,7 +101,7 @@ class DedicatedRunner:
                 pending, runs_on = self._worker.submit(), self._worker.thread
             if pending.done.wait(max(0.0, pending.began + job.timeout - clock())):
                 state.finish_call(pending)
-                if job.idle and pending.error is None:
+                if job.idle and state.failures == 0:
                     return  # it ran once, as an idle job does
             else:
                 state.finish(pending.began, f"no answer within its {job.timeout:g} s timeout" if runs_on.is_alive()
