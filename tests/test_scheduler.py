@@ -116,8 +116,8 @@ def test_backoff_spaces_retries() -> None:
 
 
 def _kill_when_it_next_wakes(thread: threading.Thread) -> None:
-    """Raise SystemExit in `thread` at its next Python instruction: the worker is idle in Event.wait(),
-    outside the try that takes a call's exceptions, so the next request ends the thread."""
+    """Raise SystemExit in `thread` at its next Python instruction: the thread (a worker or the scheduler's)
+    is idle in Event.wait(), outside the try that takes a call's exceptions, so its next wake-up ends it."""
     assert thread.ident is not None
     done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
     assert done == 1
@@ -247,14 +247,6 @@ def test_a_job_raising_systemexit_is_an_error_not_the_end_of_the_scheduler() -> 
         scheduler.stop(timeout=2)
 
 
-def _kill_when_it_next_wakes(thread: threading.Thread) -> None:
-    """Raise SystemExit in `thread` at its next Python instruction: the thread is idle in Event.wait(),
-    outside the try that takes a call's exceptions, so the next wake-up ends the thread."""
-    assert thread.ident is not None
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
-    assert done == 1
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
 def test_a_scheduler_thread_that_died_is_replaced() -> None:
     healthy = Healthy()
@@ -320,16 +312,18 @@ def test_an_on_read_job_runs_at_start_then_only_when_read() -> None:
         scheduler.stop(timeout=2)
 
 
-class Idle(Healthy):
-    idle = True  # none of its inputs is enabled
-
+class Analysis(Healthy):
     def run(self) -> Iterable[Reading]:
         return self.collect()
 
 
+class Idle(Analysis):
+    idle = True  # none of its inputs is enabled
+
+
 def test_an_idle_analysis_runs_once_and_never_wakes_the_scheduler_again() -> None:
     store = ticks_store()
-    idle, timed = Idle("idle"), ReadsNothing()
+    idle, timed = Idle("idle"), Analysis()
     scheduler = Scheduler(store, [analysis_job("idle", idle, 0.02, 1.0), analysis_job("timed", timed, 0.02, 1.0)])
     scheduler.start()
     try:
@@ -359,16 +353,8 @@ def test_a_scrape_collects_the_on_read_jobs_first() -> None:
         server.stop()
 
 
-class ReadsNothing(Healthy):
-    def run(self) -> Iterable[Reading]:
-        return self.collect()
-
-
-class ReadsHost(Healthy):
+class ReadsHost(Analysis):
     reads_host_series = True
-
-    def run(self) -> Iterable[Reading]:
-        return self.collect()
 
 
 def test_an_analysis_that_reads_host_series_refreshes_them_before_each_run() -> None:
