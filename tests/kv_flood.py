@@ -1,7 +1,8 @@
 """A KV-event flood publisher, run as its own process (`python -m tests.kv_flood ...`) so that it does not
 share the subscriber's GIL: vLLM's PUB side sending batches of `--events` GPU stores (about 200 bytes
 each in vLLM 0.33's map form) as fast as it can for `--seconds`, then, after a pause, one last batch
-that shows any gap at the end. Prints `endpoint ...` once bound, and `sent N seconds S` at the end.
+that shows any gap at the end (sent again every pause until stdin closes, so that it arrives). Prints
+`endpoint ...` once bound, and `sent N seconds S` at the end.
 
 Payloads are encoded before the flood (`--distinct` different ones, cycled, each with its own block
 hashes), so the publisher spends its time sending."""
@@ -9,6 +10,7 @@ hashes), so the publisher spends its time sending."""
 from __future__ import annotations
 
 import argparse
+import select
 import sys
 import time
 from typing import Any
@@ -55,10 +57,15 @@ def main(argv: list[str]) -> None:
             seq += 1
     elapsed = time.monotonic() - start
     time.sleep(args.pause)
-    sock.send_multipart([b"", seq.to_bytes(8, "big"), bodies[seq % n]])
-    seq += 1
-    print("sent", seq, "seconds", f"{elapsed:.3f}", flush=True)
-    sys.stdin.read()  # stay bound until the test is done with us
+    last = [b"", seq.to_bytes(8, "big"), bodies[seq % n]]
+    print("sent", seq + 1, "seconds", f"{elapsed:.3f}", flush=True)
+    # The last batch must reach the subscriber's sequence check, however far behind it is: the PUB drops on
+    # a full queue, and the subscriber's own queue sheds while full. So it goes again every `pause` until
+    # the test is done with us (stdin closed); the copies after the first applied are skipped as repeats.
+    while True:
+        sock.send_multipart(last)
+        if select.select([sys.stdin], [], [], args.pause)[0] and not sys.stdin.read(1):
+            break
     sock.close()
     ctx.term()
 
