@@ -248,6 +248,32 @@ def test_other_routes_and_bad_requests(running: Running) -> None:
     assert r.status == 400 and b"G1 capacity" in r.read()
 
 
+@pytest.mark.parametrize(("path", "body", "why"), [
+    ("/v1/chat/completions", {"messages": ["hi"]}, b"each message must be an object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, b"each message must be an object"),
+    ("/v1/completions", {"prompt": TEXT, "max_tokens": 0}, b"max_tokens must be an integer of at least 1"),
+    ("/v1/completions", {"prompt": TEXT, "max_tokens": 2.5}, b"max_tokens must be an integer"),
+    ("/v1/completions", {"prompt": TEXT, "max_completion_tokens": -3, "max_tokens": 2},
+     b"max_completion_tokens must be"),
+    ("/v1/completions", {"prompt": TEXT, "temperature": "hot"}, b"temperature must be a number"),
+    ("/v1/completions", {"prompt": TEXT, "top_p": 0}, b"top_p must be a number"),
+    ("/v1/completions", {"prompt": [1, True, 3]}, b"prompt must be a string or a list of token ids"),
+    ("/v1/completions", {"prompt": [1, -2]}, b"token id -2 is out of vocabulary"),
+    ("/v1/completions", {"prompt": [200_000]}, b"token id 200000 is out of vocabulary"),
+    ("/v1/completions", {"prompt": [[7, 200_001]]}, b"token id 200001 is out of vocabulary"),
+])
+def test_a_request_vllm_would_refuse_gets_400_and_the_engine_serves_on(running: Running, path: str,
+                                                                        body: dict[str, object], why: bytes) -> None:
+    c = running.conn()
+    c.request("POST", path, json.dumps(body))
+    r = c.getresponse()
+    assert r.status == 400 and why in r.read()
+    c.request("POST", "/v1/completions", json.dumps({"prompt": [7], "max_completion_tokens": 2,  # one token id
+                                                    "max_tokens": None, "temperature": 0, "top_p": 1}))
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["usage"]["completion_tokens"] == 2
+
+
 def test_a_corrupt_g4_block_is_recomputed_and_counted(running: Running, tmp_path: Path) -> None:
     conn = running.conn()
     chat(conn, TEXT)

@@ -110,10 +110,11 @@ class _App:
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
             token_ids = _prompt_tokens(body, chat)
-            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0) or None
+            max_tokens = _max_tokens(body)
+            temperature = _number(body, "temperature", 0.0, 1e9)
+            top_p = _number(body, "top_p", 1e-9, 1.0)
             req = engine.submit(token_ids, max_tokens, arrival=arrival, request_id=f"cmpl-{uuid.uuid4().hex}",
-                                headers=dict(request.headers.items()), temperature=body.get("temperature"),
-                                top_p=body.get("top_p"))
+                                headers=dict(request.headers.items()), temperature=temperature, top_p=top_p)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         if body.get("stream"):
@@ -168,17 +169,45 @@ class _App:
         yield b"data: [DONE]\n\n"
 
 
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """max_completion_tokens (or the older max_tokens): absent or null for the engine's default, else an
+    integer of at least 1, as vLLM requires."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{key} must be an integer of at least 1, got {value!r}")
+    return value
+
+
+def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{key} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
 def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[int]:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("content", ""), str | list | None):
+                raise ValueError(f"each message must be an object with a text or a list of parts as content, got "
+                                 f"{str(m)[:80]!r}")
         return tokenizer.encode(tokenizer.render_chat(messages))
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt (a one-token prompt is a list of one id)
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        for t in prompt:
+            if not 0 <= t < tokenizer.VOCAB:
+                raise ValueError(f"token id {t} is out of vocabulary (0..{tokenizer.VOCAB - 1})")
         return list(prompt)
     raise ValueError("prompt must be a string or a list of token ids")

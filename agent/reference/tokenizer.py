@@ -24,7 +24,7 @@ def encode(text: str) -> list[int]:
 def render_chat(messages: Iterable[Mapping[str, object]]) -> str:
     parts = []
     for m in messages:
-        content = m.get("content", "")
+        content = m.get("content") or ""  # null: an assistant turn that only called tools
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
         parts.append(f"{m.get('role', 'user')}: {content}")
