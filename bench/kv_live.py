@@ -9,6 +9,7 @@ is its process clock from the first batch to the last one applied (scrapes inclu
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import re
 import signal
@@ -95,12 +96,12 @@ class Agent:
         """(kvscope_kv_* samples summed by name, with `{type}` and `{tier}` kept; wall ms of the scrape)."""
         t0 = time.perf_counter()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-        conn.getresponse().read()  # what Prometheus pays; the figures come from a plain second read below
+        conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})  # one request, as Prometheus makes
+        resp = conn.getresponse()
+        body = resp.read()
         wall = (time.perf_counter() - t0) * 1e3
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
         conn.close()
+        text = (gzip.decompress(body) if resp.getheader("Content-Encoding") == "gzip" else body).decode()
         out: dict[str, float] = {}
         for name, labels, value in _SAMPLE.findall(text):
             key = name
