@@ -83,12 +83,14 @@ class HttpServer:
     """Serves `app` (called on a worker thread with each whole request) on host:port. The socket is bound here,
     so a busy port raises OSError at once; `start()` serves it from a daemon thread, `stop()` closes every
     connection. `refused` is called with the status of each request the server answered itself (malformed,
-    too large, unauthorized), for owners that count them. `run_app`, if given, runs the app instead of the
+    too large, unauthorized), and `dropped` with "evicted" or "full" for each connection it closed to make room
+    or could not take (see `_make_room`), for owners that count them. `run_app`, if given, runs the app instead of the
     worker pool (the /metrics server hands a scrape to the scheduler's thread, agent/scheduler.py)."""
 
     def __init__(self, name: str, host: str, port: int, app: App, *, limits: HttpLimits | None = None,
                  web: WebConfig | None = None, max_body_bytes: int = 64 * 1024, server_header: str = "kvscope",
-                 refused: Callable[[int], None] | None = None, run_app: RunApp | None = None) -> None:
+                 refused: Callable[[int], None] | None = None, dropped: Callable[[str], None] | None = None,
+                 run_app: RunApp | None = None) -> None:
         self.name = name
         self.limits = limits or HttpLimits()
         self.web = web or WebConfig()
@@ -101,6 +103,7 @@ class HttpServer:
         self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
         self.run_app: RunApp = run_app or self._on_pool
         self._refused = refused
+        self._dropped = dropped
         self._conns: OrderedDict[Connection, None] = OrderedDict()  # the longest waiting first
         self._starting = 0  # accepted sockets whose connection is being set up
         self._tasks: set[asyncio.Task[None]] = set()
@@ -241,12 +244,16 @@ class HttpServer:
         waiting = next((c for c in self._conns if not c.busy), None)
         if waiting is None:
             self.turned_away += 1
+            if self._dropped is not None:
+                self._dropped("full")
             self._note("full", f"{self.limits.max_connections} connections, all serving requests: "
                                "refusing new connections")
             return False
         del self._conns[waiting]
         waiting.abort()
         self.evicted += 1
+        if self._dropped is not None:
+            self._dropped("evicted")
         self._note("evict", f"{self.limits.max_connections} connections open: closing the ones that "
                             "waited longest for their peer to make room")
         return True

@@ -44,13 +44,14 @@ from kvscope.agent.whatif.engine import SPEC as WHATIF_SPEC
 from kvscope.agent.whatif.engine import WhatIfAnalysis
 from kvscope.collectors.gpu_nvml import NvmlCollector
 from kvscope.collectors.registry import collector_specs
+from kvscope.exporters import http as metrics_http
 from kvscope.exporters import jsonl, otlp_settings
 from kvscope.exporters.http import MetricsServer
 from kvscope.exporters.jsonl import JsonlSink
 
 KV_EVENTS = "vllm_kv_events"  # the collector whose access stream the what-if analysis replays
 log = logging.getLogger("kvscope.wiring")
-SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS)
+SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS, *metrics_http.METRICS)
 
 
 def components() -> Components:

@@ -305,3 +305,41 @@ def test_limits_are_checked() -> None:
         HttpLimits(workers=0).validate("x")
     with pytest.raises(ConfigError, match=r"x\.read_timeout: must be > 0"):
         HttpLimits(read_timeout=0).validate("x")
+
+
+def _refused_counts(port: int) -> dict[str, float]:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    prefix = 'kvscope_http_refused_total{reason="'
+    return {line[len(prefix):line.index('"', len(prefix))]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
+def test_what_the_metrics_server_turns_away_is_counted_by_reason() -> None:
+    """An operator sees a misconfigured or hostile client on /metrics itself: each kind of refusal in its series."""
+    from kvscope.agent.catalogue import Catalogue
+    from kvscope.agent.store import Store
+    from kvscope.agent.wiring import all_metric_specs
+
+    srv = MetricsServer(Store(Catalogue(all_metric_specs())), "127.0.0.1", 0, limits=HttpLimits(max_connections=3))
+    srv.start()
+    try:
+        assert _refused_counts(srv.port) == {r: 0.0 for r in
+                                             ("auth_busy", "bad_request", "evicted", "full", "too_large", "unauthorized")}
+        assert exchange(srv.port, b"BREW /metrics HTCPCP/1.0\r\n\r\n", timeout=3.0)[0].startswith(b"HTTP/1.1 400")
+        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+        assert exchange(srv.port, head, timeout=3.0)[0].startswith(b"HTTP/1.1 431")
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(5)]
+        try:
+            time.sleep(0.3)
+            counts = _refused_counts(srv.port)  # this scrape's connection makes room too
+        finally:
+            for sock in idle:
+                sock.close()
+        assert counts["bad_request"] == 1 and counts["too_large"] == 1 and counts["unauthorized"] == 0
+        assert counts["evicted"] == srv.httpd.evicted >= 3 and counts["full"] == srv.httpd.turned_away == 0
+    finally:
+        srv.stop()
