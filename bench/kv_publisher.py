@@ -82,8 +82,8 @@ def main(argv: list[str]) -> int:
         while seq < target:
             sock.send_multipart([b"", seq.to_bytes(8, "big"), batches.batch(seq)])
             seq += 1
-        if args.rate:
-            time.sleep(0.0005)
+        if args.rate:  # until the next batch is due (a 2 kHz wake-up loop would load the subscriber's cores)
+            time.sleep(max(0.0005, seq / per_second - (time.perf_counter() - start)))
     elapsed = time.perf_counter() - start
     time.sleep(args.pause)
     sock.send_multipart([b"", seq.to_bytes(8, "big"), batches.batch(seq)])
