@@ -40,13 +40,18 @@ from kvscope.collectors.kv_event_sequence import Stream, log_once
 DRAIN_EVERY = 0.001  # seconds of processing between two moves of ZMQ's queue into ours
 DRAIN_LIMIT = 256  # messages moved per socket and drain: a flood must not keep the thread from processing
 POLL_MS = 100  # the longest the thread sleeps without looking at stop() and quiet streams
-# While messages keep coming, the thread looks at its sockets once per BATCH_WINDOW instead of waking for
-# each message: one wake-up then serves the messages of the whole window (a thread wake-up costs about as
-# much CPU as handling a batch of 16 events). A stream is busy when a look found more than one message, or
-# came within BUSY_GAP of the one before; a quiet stream is waited for as before, and a stream that brings
-# more than the thread handles (a look right after handling everything finds several) gets no pause.
-BATCH_WINDOW = 0.002
-BUSY_GAP = 0.005
+# While messages keep coming, the thread looks at its sockets once per window instead of waking for each
+# message: one wake-up then serves the messages of the whole window (on a busy 2-core VM a thread wake-up
+# costs 100-200 µs of CPU, as much as handling a batch of 16 events). A stream is steady when a look found
+# more than one message, or came within STEADY_GAP of the look before that found some; the window is then
+# as long as half of ZMQ's queue (rcvhwm messages) takes to fill at the rate seen, within MIN_WINDOW and
+# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. There is no
+# pause when messages came while the thread was handling (it is behind: a pause would make the publisher
+# drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that finds
+# nothing ends the windows (the thread waits on the sockets again).
+MIN_WINDOW = 0.002
+MAX_WINDOW = 0.020
+STEADY_GAP = 0.050
 
 # A message's frames: views of ZMQ's frames (received with copy=False: no copy, and `.more` is an attribute
 # where pyzmq's recv_multipart asks ZMQ for RCVMORE through two Python layers, which costs twice the whole
@@ -82,6 +87,7 @@ class Receiver:
         self._socks: dict[zmq.Socket[Any], Stream] = {}
         self._monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], Stream]] = {}
         self.reconnects = 0  # connections we made again after ZMQ dropped them
+        self.received = 0  # messages taken from ZMQ (queued or shed), for the window's rate
         self._poller = zmq.Poller()
         self._last_message: dict[int, float] = {}  # rank -> clock() of its last message
 
@@ -118,7 +124,9 @@ class Receiver:
     def _loop(self, stop: threading.Event) -> None:
         queue = self._queue
         next_drain = 0.0
-        last_look = -1.0  # clock() when the thread last found messages
+        last_look = -1.0  # clock() when a look last found messages
+        window = 0.0  # > 0 while the stream is steady: the pause between two looks
+        received = 0  # self.received at the last look that found messages
         while not stop.is_set():
             if queue:
                 stream, frames, size = queue.popleft()
@@ -130,20 +138,31 @@ class Receiver:
                     self._drain_ready(0)
                     next_drain = now + DRAIN_EVERY
                 continue
-            got = self._drain_ready(0)
-            if got > 1:
-                continue  # they come faster than they are handled: no pause, or the publisher would drop
-            if got == 0:
+            got = self._drain_ready(0)  # what came while handling: no pause, the thread is behind
+            if got == 0 and window:  # one look per window, whatever handling its messages took of it
+                pause = last_look + window - self._clock()
+                if pause > 0:
+                    time.sleep(pause)  # let this window's messages gather; one look takes them all
+                got = self._drain_ready(0)
+            elif got == 0:
                 got = self._drain_ready(self._poll_ms())  # quiet: wait for the next message
-                if got == 0:
-                    self._check_quiet()
-                    continue
-            now = self._clock()
-            busy = got > 1 or now - last_look < BUSY_GAP
-            last_look = now
-            # ZMQ's own queue was full (rcvhwm): more is waiting in the connection, no pause
-            if busy and got < self.options.rcvhwm and not stop.is_set():
-                time.sleep(BATCH_WINDOW)  # let this window's messages gather; one look takes them all
+            if got == 0:
+                window = 0.0
+                self._check_quiet()
+                continue
+            now = self._clock()  # the rate: what came since the last look, taken by it or while handling
+            window = self._window(got, self.received - received, now - last_look)
+            last_look, received = now, self.received
+
+    def _window(self, got: int, came: int, gap: float) -> float:
+        """The pause before the next look, after one that found `got` messages, `came` of them in all
+        (those moved while handling included) `gap` seconds after the last look that found any: 0 (wait
+        on the sockets, or no pause when ZMQ's queue was full), or the time half of ZMQ's queue takes to
+        fill at that rate (MIN_WINDOW..MAX_WINDOW)."""
+        rcvhwm = self.options.rcvhwm
+        if got >= rcvhwm or (came <= 1 and gap >= STEADY_GAP):
+            return 0.0
+        return min(MAX_WINDOW, max(MIN_WINDOW, gap / max(came, 1) * rcvhwm / 2))
 
     def _poll_ms(self) -> int:
         """Sleep until a message comes, or the next quiet stream is due for a tail check."""
@@ -196,6 +215,7 @@ class Receiver:
             try:
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self.received += n
                 return n
             frames = [frame.buffer]
             while frame.more:  # ZMQ delivers a message whole: its other frames are there
@@ -210,6 +230,7 @@ class Receiver:
             stream.queued_bytes += size
             if self._queued > self.max_queued:
                 self.max_queued = self._queued
+        self.received += DRAIN_LIMIT
         return DRAIN_LIMIT
 
     def _check_quiet(self) -> None:

@@ -210,3 +210,24 @@ def test_reuse_distance_histogram_over_the_wire(ctx: zmq.Context[Any], make_sub:
     assert (h.count, h.sum) == (2, 2)
     assert dict(h.buckets)[0.0] == 1 and dict(h.buckets)[1.0] == 1 and dict(h.buckets)[2.0] == 2
     pub.close()
+
+
+def test_the_receive_window_follows_the_rate_and_never_delays_a_backlog() -> None:
+    """The pause between two looks at the sockets (kv_event_socket.Receiver._window): a steady stream is looked at
+    once per window, as long as half of ZMQ's queue takes to fill at its rate, within MIN/MAX_WINDOW."""
+    from kvscope.collectors.kv_event_socket import MAX_WINDOW, MIN_WINDOW, Receiver, SocketOptions
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        receiver = Receiver(ctx, [], SocketOptions(b"", 8, 1 << 20, 1 << 25, 1.0, 1.0), lambda s, f: None,
+                            lambda s: None)
+        window = receiver._window
+        # vLLM's steady state, one batch per engine step of 10 ms: 8 / 2 x 10 ms = 40 ms, capped
+        assert window(2, 2, 0.020) == MAX_WINDOW
+        assert window(1, 1, 0.005) == pytest.approx(0.020)  # 200 batches/s: 4 x 5 ms
+        assert window(4, 16, 0.004) == MIN_WINDOW  # 4,000 batches/s: 1 ms, raised to the minimum
+        assert window(1, 1, 1.0) == 0.0  # a lone message after a quiet second: wait on the sockets
+        assert window(8, 8, 0.002) == 0.0  # ZMQ's queue was full: more waits in the connection, no pause
+        assert window(1, 9, 0.030) == pytest.approx(0.030 / 9 * 4)  # moved while handling counts in the rate
+    finally:
+        ctx.term()
