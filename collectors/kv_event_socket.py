@@ -50,7 +50,7 @@ POLL_MS = 100  # the longest the thread sleeps without looking at stop() and qui
 # drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that finds
 # nothing ends the windows (the thread waits on the sockets again).
 MIN_WINDOW = 0.002
-MAX_WINDOW = 0.020
+MAX_WINDOW = 0.050
 STEADY_GAP = 0.050
 
 # A message's frames: views of ZMQ's frames (received with copy=False: no copy, and `.more` is an attribute

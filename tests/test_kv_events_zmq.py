@@ -222,8 +222,9 @@ def test_the_receive_window_follows_the_rate_and_never_delays_a_backlog() -> Non
         receiver = Receiver(ctx, [], SocketOptions(b"", 8, 1 << 20, 1 << 25, 1.0, 1.0), lambda s, f: None,
                             lambda s: None)
         window = receiver._window
-        # vLLM's steady state, one batch per engine step of 10 ms: 8 / 2 x 10 ms = 40 ms, capped
-        assert window(2, 2, 0.020) == MAX_WINDOW
+        # vLLM's steady state, one batch per engine step of 10 ms: 8 / 2 x 10 ms
+        assert window(2, 2, 0.020) == pytest.approx(0.040)
+        assert window(2, 2, 0.040) == MAX_WINDOW  # one every 20 ms: 80 ms, capped
         assert window(1, 1, 0.005) == pytest.approx(0.020)  # 200 batches/s: 4 x 5 ms
         assert window(4, 16, 0.004) == MIN_WINDOW  # 4,000 batches/s: 1 ms, raised to the minimum
         assert window(1, 1, 1.0) == 0.0  # a lone message after a quiet second: wait on the sockets
