@@ -17,8 +17,10 @@ batch with its seq and decides, per rank (`Stream`):
 - **impossible** (seq ≥ 2**63: no counter from 0 gets there; 2**64 − 1 is the replay end marker): skipped
   and counted as rejected, nothing else changes;
 - **jump** (seq > expected + max_seq_gap): not believed from one batch. It is held back; if the next
-  batch continues it (seq + 1), both are taken as an ordinary gap and applied; if anything else comes
-  first, the held batch is rejected (counted) and the stream goes on where it was.
+  batch continues it (seq + 1), both are taken as an ordinary gap and applied; if it is the same batch
+  again (same seq and ts: a publisher that repeats its last batch), the held one is applied as an
+  ordinary gap and the copy counted as repeated; if anything else comes first, the held batch is
+  rejected (counted) and the stream goes on where it was.
 
 `ts` decides repeat against restart whatever the batch's shape: the array vLLM sends, or the map form of a
 short-lived vLLM main-branch state, which decodes to the same ts.
@@ -111,6 +113,11 @@ class Sequencer:
         if held is not None and seq == held[0] + 1:
             self._apply_out_of_order(s, held[0], held[1])  # a confirmed jump: an ordinary gap
             self._apply_out_of_order(s, seq, batch)  # now in order
+            return
+        if held is not None and seq == held[0] and batch.ts == held[1].ts:
+            self._apply_out_of_order(s, held[0], held[1])  # the same batch sent again confirms it too
+            with self._lock:
+                s.repeated += 1
             return
         if held is not None:
             self._reject(s, held[0], "unconfirmed jump")

@@ -136,6 +136,21 @@ def test_a_jump_is_believed_only_when_the_next_batch_continues_it(feed: Feed) ->
     assert v["kvscope_kv_blocks_stored_total/G1"] == 4
 
 
+def test_a_jump_sent_twice_is_believed_and_the_copy_counted_as_repeated(feed: Feed) -> None:
+    """A publisher that repeats its last batch (the flood test's does, until it is seen) confirms a jump as a
+    continuation does; a batch with the same seq but another ts does not."""
+    gap = VllmKvEventsOptions.max_seq_gap
+    feed.send(0, stores(1, ts=TS))
+    feed.send(2 + gap, stores(2, ts=TS + 1))
+    feed.send(2 + gap, stores(3, ts=TS + 2))  # same seq, another batch: the first is rejected, this one held
+    v = feed.values()
+    assert counters(v) == ZERO | {"rejected": 1} and v["kvscope_kv_resident_blocks/G1"] == 1
+    feed.send(2 + gap, stores(3, ts=TS + 2))  # the held batch again: confirmed
+    v = feed.values()
+    assert counters(v) == ZERO | {"rejected": 1, "dropped": 1 + gap, "missed": 1 + gap, "repeated": 1}
+    assert v["kvscope_kv_blocks_stored_total/G1"] == 2 and v["kvscope_kv_residency_known/G1"] == 0
+
+
 def test_a_gap_within_the_bound_is_counted_at_once(feed: Feed) -> None:
     feed.send(0, stores(1, ts=TS))
     feed.send(5, stores(2, ts=TS + 1))
