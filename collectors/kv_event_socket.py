@@ -45,10 +45,12 @@ POLL_MS = 100  # the longest the thread sleeps without looking at stop() and qui
 # costs 100-200 µs of CPU, as much as handling a batch of 16 events). A stream is steady when a look found
 # more than one message, or came within STEADY_GAP of the look before that found some; the window is then
 # as long as half of ZMQ's queue (rcvhwm messages) takes to fill at the rate seen, within MIN_WINDOW and
-# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. There is no
-# pause when messages came while the thread was handling (it is behind: a pause would make the publisher
-# drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that finds
-# nothing ends the windows (the thread waits on the sockets again).
+# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. A stream faster
+# than that (a window of MIN_WINDOW) is waited for, and its messages gather for MIN_WINDOW behind the
+# first one that wakes the thread, so that a thread that has caught up wakes when the next one comes. There
+# is no pause when messages came while the thread was handling (it is behind: a pause would make the
+# publisher drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that
+# finds nothing ends the windows (the thread waits on the sockets again).
 MIN_WINDOW = 0.002
 MAX_WINDOW = 0.050
 STEADY_GAP = 0.050
@@ -139,13 +141,15 @@ class Receiver:
                     next_drain = now + DRAIN_EVERY
                 continue
             got = self._drain_ready(0)  # what came while handling: no pause, the thread is behind
-            if got == 0 and window:  # one look per window, whatever handling its messages took of it
+            if got == 0 and window > MIN_WINDOW:  # a steady stream: one look per window, handling included
                 pause = last_look + window - self._clock()
                 if pause > 0:
                     time.sleep(pause)  # let this window's messages gather; one look takes them all
                 got = self._drain_ready(0)
             elif got == 0:
-                got = self._drain_ready(self._poll_ms())  # quiet: wait for the next message
+                got = self._drain_ready(self._poll_ms())  # wait for the next message
+                if got and window:  # a fast stream: let the shortest window's messages gather behind it
+                    time.sleep(MIN_WINDOW)
             if got == 0:
                 window = 0.0
                 self._check_quiet()
