@@ -14,12 +14,12 @@ import importlib
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from kvscope import __version__
 from kvscope.agent import extras, flags, logs, preflight
 from kvscope.agent.config import Config, ConfigError, load_config_file
+from kvscope.agent.signals import SignalWaiter
 from kvscope.agent.wiring import Agent, build_agent, build_catalogue, components
 
 log = logging.getLogger("kvscope")
@@ -60,15 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"exporters.prometheus.listen: cannot bind {config.exporters.prometheus.listen}: "
                           f"{exc.strerror}") from None
-    received: list[int] = []
-    wake = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        received.append(signum)
-        wake.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+    signals = SignalWaiter((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     agent.start()
     # What exists now (modules, classes, the wiring) lives as long as the agent: frozen out of the cyclic
     # collector's sight, a full collection walks only what came later. Unfrozen, each one walked ~34,000
@@ -80,22 +72,19 @@ def _run(args: argparse.Namespace) -> int:
         host = config.exporters.prometheus.listen.rpartition(":")[0]
         where = f" on {host}:{agent.server.port}/metrics"
     log.info("kvscope %s running%s; collectors and analyses: %s", __version__, where, ", ".join(enabled) or "none")
-    _wait_for_stop(agent, received, wake)
+    _wait_for_stop(agent, signals)
     agent.stop()
     log.info("stopped")
     return 0
 
 
-def _wait_for_stop(agent: Agent, received: list[int], wake: threading.Event) -> None:
+def _wait_for_stop(agent: Agent, signals: SignalWaiter) -> None:
     """Until SIGTERM or SIGINT. SIGHUP re-reads the web config files (TLS certificates, users) in place;
-    one that fails to load is logged and the previous one stays in force. The signal handlers only record
-    the signal: the work happens here, on the main thread."""
+    one that fails to load is logged and the previous one stays in force. The work happens here, on the
+    main thread (agent/signals.py: no lock is taken in a signal handler)."""
     while True:
-        wake.wait()
-        wake.clear()
-        signums, received[:] = list(received), []
-        for signum in signums:
-            name = signal.Signals(signum).name
+        for signum in signals.wait():
+            name = signum.name
             if signum != signal.SIGHUP:
                 log.info("received %s, shutting down", name)
                 return

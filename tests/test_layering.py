@@ -21,7 +21,7 @@ PACKAGES = ("agent", "collectors", "exporters", "dashboards")
 CORE = {f"kvscope.agent.{name}" for name in (
     "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "scheduler_jobs",
     "scheduler_threads", "config", "binding", "http_server", "http_connection", "http_messages", "basic_auth",
-    "webconfig", "extras", "logs", "kv_access",
+    "webconfig", "extras", "logs", "kv_access", "signals",
 )} | {"kvscope.agent"}
 COMPOSITION = {f"kvscope.agent.{name}" for name in ("wiring", "cli", "flags", "preflight")}
 TOOLS = ("kvscope.agent.reference", "kvscope.agent.selftest", "kvscope.agent.analyze")

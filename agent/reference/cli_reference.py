@@ -7,12 +7,12 @@ import json
 import logging
 import signal
 import sys
-import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvscope.agent.reference.geometry import parse_size
+from kvscope.agent.signals import SignalWaiter
 
 log = logging.getLogger("kvscope.reference")
 
@@ -69,9 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
             config = recompute_config(config)
         engine = Engine(config)
         server = ReferenceServer(engine, args.host, args.port)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signals = SignalWaiter((signal.SIGTERM, signal.SIGINT))
         engine.start()
         server.start()
         pub = engine.publisher
@@ -80,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
                  config.g4_path or d / "g4", engine.max_prompt_tokens,
                  " (recompute baseline: no prefix caching, no tier keeps anything)" if args.recompute else "")
         _announce_agent_config(args, engine, server.url, d)
-        stop.wait()
+        signals.wait()
         server.stop()
         engine.stop()
     return 0

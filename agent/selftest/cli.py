@@ -10,9 +10,10 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
+
+from kvscope.agent.signals import SignalWaiter
 
 
 def _selftest(args: argparse.Namespace) -> int:
@@ -40,14 +41,8 @@ def _demo(args: argparse.Namespace) -> int:
     plan = DemoPlan(lengths=tuple(int(n) for n in args.lengths.split(",")), requests=args.requests,
                     prompts=args.prompts, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                     block_tokens=args.block_tokens, time_scale=args.time_scale, model=args.model, seed=args.seed)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
-    def wait() -> None:
-        stop.wait()
-
-    result = run_demo(plan, args.out, lambda line: print(line, flush=True), args.keep_serving, wait)
+    signals = SignalWaiter((signal.SIGINT, signal.SIGTERM))
+    result = run_demo(plan, args.out, lambda line: print(line, flush=True), args.keep_serving, signals.wait)
     return 0 if result.passed else 1
 
 

@@ -105,7 +105,7 @@ def _verdict(runs: list[RunCapture]) -> tuple[bool, str]:
 
 
 def run_demo(plan: DemoPlan, out: Path, say: Print = print, keep_serving: bool = False,
-             wait: Callable[[], None] | None = None, interval: float = 0.2) -> DemoResult:
+             wait: Callable[[], object] | None = None, interval: float = 0.2) -> DemoResult:
     """The two experiments with the agent attached; prints progress, then the report, and writes it with the
     chart and every figure as JSON into `out`."""
     out.mkdir(parents=True, exist_ok=True)
