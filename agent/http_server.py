@@ -79,17 +79,28 @@ def bind(host: str, port: int, backlog: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
+# why the server answered a request itself, by the status it answered; anything else is a bad_request
+# (400, and 417, 501, 505: a request this server does not serve)
+_REFUSAL_REASONS = {401: "unauthorized", 503: "unauthorized", 413: "too_large", 431: "too_large"}
+
+
+def refusal_reason(status: int) -> str:
+    """bad_request, unauthorized (basic auth refused, or not checked: 503, too many password checks in
+    flight) or too_large (413 body, 431 head), for owners that count refusals."""
+    return _REFUSAL_REASONS.get(status, "bad_request")
+
+
 class HttpServer:
     """Serves `app` (called on a worker thread with each whole request) on host:port. The socket is bound here,
     so a busy port raises OSError at once; `start()` serves it from a daemon thread, `stop()` closes every
-    connection. `refused` is called with the status of each request the server answered itself (malformed,
-    too large, unauthorized), and `dropped` with "evicted" or "full" for each connection it closed to make room
-    or could not take (see `_make_room`), for owners that count them. `run_app`, if given, runs the app instead of the
+    connection. `refused` is called with the reason (`refusal_reason`) of each request the server answered
+    itself, and `dropped` with "evicted" or "full" for each connection it closed to make room or could not
+    take (see `_make_room`), for owners that count them. `run_app`, if given, runs the app instead of the
     worker pool (the /metrics server hands a scrape to the scheduler's thread, agent/scheduler.py)."""
 
     def __init__(self, name: str, host: str, port: int, app: App, *, limits: HttpLimits | None = None,
                  web: WebConfig | None = None, max_body_bytes: int = 64 * 1024, server_header: str = "kvscope",
-                 refused: Callable[[int], None] | None = None, dropped: Callable[[str], None] | None = None,
+                 refused: Callable[[str], None] | None = None, dropped: Callable[[str], None] | None = None,
                  run_app: RunApp | None = None) -> None:
         self.name = name
         self.limits = limits or HttpLimits()
@@ -149,7 +160,7 @@ class HttpServer:
     def count_refusal(self, status: int) -> None:
         """A request answered by the server itself (malformed, too large, unauthorized), for its owner's counts."""
         if self._refused is not None:
-            self._refused(status)
+            self._refused(refusal_reason(status))
 
     def reload(self, web: WebConfig) -> None:
         """Serves new connections with `web` (TLS context and users); connections already open keep theirs."""

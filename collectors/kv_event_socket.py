@@ -89,7 +89,6 @@ class Receiver:
         self._socks: dict[zmq.Socket[Any], Stream] = {}
         self._monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], Stream]] = {}
         self.reconnects = 0  # connections we made again after ZMQ dropped them
-        self.received = 0  # messages taken from ZMQ (queued or shed), for the window's rate
         self._poller = zmq.Poller()
         self._last_message: dict[int, float] = {}  # rank -> clock() of its last message
 
@@ -128,7 +127,7 @@ class Receiver:
         next_drain = 0.0
         last_look = -1.0  # clock() when a look last found messages
         window = 0.0  # > 0 while the stream is steady: the pause between two looks
-        received = 0  # self.received at the last look that found messages
+        came = 0  # messages taken while handling since the last look that found some (for the rate)
         while not stop.is_set():
             if queue:
                 stream, frames, size = queue.popleft()
@@ -137,7 +136,7 @@ class Receiver:
                 self._handle(stream, frames)
                 now = self._clock()
                 if now >= next_drain:
-                    self._drain_ready(0)
+                    came += self._drain_ready(0)
                     next_drain = now + DRAIN_EVERY
                 continue
             got = self._drain_ready(0)  # what came while handling: no pause, the thread is behind
@@ -155,8 +154,8 @@ class Receiver:
                 self._check_quiet()
                 continue
             now = self._clock()  # the rate: what came since the last look, taken by it or while handling
-            window = self._window(got, self.received - received, now - last_look)
-            last_look, received = now, self.received
+            window = self._window(got, came + got, now - last_look)
+            last_look, came = now, 0
 
     def _window(self, got: int, came: int, gap: float) -> float:
         """The pause before the next look, after one that found `got` messages, `came` of them in all
@@ -166,7 +165,7 @@ class Receiver:
         rcvhwm = self.options.rcvhwm
         if got >= rcvhwm or (came <= 1 and gap >= STEADY_GAP):
             return 0.0
-        return min(MAX_WINDOW, max(MIN_WINDOW, gap / max(came, 1) * rcvhwm / 2))
+        return min(MAX_WINDOW, max(MIN_WINDOW, gap / came * rcvhwm / 2))
 
     def _poll_ms(self) -> int:
         """Sleep until a message comes, or the next quiet stream is due for a tail check."""
@@ -219,7 +218,6 @@ class Receiver:
             try:
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                self.received += n
                 return n
             frames = [frame.buffer]
             while frame.more:  # ZMQ delivers a message whole: its other frames are there
@@ -234,7 +232,6 @@ class Receiver:
             stream.queued_bytes += size
             if self._queued > self.max_queued:
                 self.max_queued = self._queued
-        self.received += DRAIN_LIMIT
         return DRAIN_LIMIT
 
     def _check_quiet(self) -> None:

@@ -253,10 +253,10 @@ class OtlpTracesReceiver:
         if self._server is not None:
             self._server.reload(web)
 
-    def _refused(self, status: int) -> None:
-        """A request the HTTP server answered itself, before it reached `handle`."""
-        result = {413: "too_large", 401: "unauthorized", 503: "unauthorized"}.get(status, "bad_request")
-        self._add((EXPORTS, (result,)), 1)
+    def _refused(self, reason: str) -> None:
+        """A request the HTTP server answered itself, before it reached `handle` (agent/http_server.py's
+        refusal_reason: bad_request, too_large, unauthorized)."""
+        self._add((EXPORTS, (reason,)), 1)
 
     def handle(self, request: Request) -> Response:
         """One request, its body read and bounded by the server. Never raises."""

@@ -39,18 +39,15 @@ _OPENMETRICS_VERSIONS = (None, "1.0.0", "0.0.1")
 _TEXT_VERSIONS = (None, "0.0.4")
 _NEGOTIATED_CACHE = 64  # distinct Accept headers remembered (a scraper sends the same one each time)
 REFUSED_TOTAL = "kvscope_http_refused_total"
-# what the /metrics server turned away, by the status it answered or what it did to the connection
-REFUSED_REASONS = {400: "bad_request", 401: "unauthorized", 413: "too_large", 431: "too_large",
-                   503: "auth_busy"}
-REFUSED_OTHER = "bad_request"  # 417, 501, 505: a request this server does not serve
+# what the /metrics server turned away: requests (agent/http_server.py's refusal_reason), then connections
+_REASONS = ("bad_request", "unauthorized", "too_large", "evicted", "full")
 METRICS = (
     counter(REFUSED_TOTAL, "", ("reason",),
             "Requests and connections the /metrics server turned away: bad_request (malformed or unsupported), "
-            "unauthorized (basic auth failed), too_large (head or body over the limits), auth_busy (too many "
-            "password checks in flight), evicted (an idle connection closed to make room for a new one), full "
-            "(a new connection closed at once: every slot was serving a request).", "HTTP exporter"),
+            "unauthorized (basic auth refused, or not checked: too many password checks in flight), too_large "
+            "(head or body over the limits), evicted (an idle connection closed to make room for a new one), "
+            "full (a new connection closed at once: every slot was serving a request).", "HTTP exporter"),
 )
-_REASONS = (*sorted(set(REFUSED_REASONS.values())), "evicted", "full")
 # a read-only document an analysis serves beside /metrics (the what-if profile): () -> (body, content type)
 Route = Callable[[], tuple[bytes, str]]
 
@@ -73,7 +70,7 @@ class MetricsServer:
         self._scheduler = scheduler
         run_app = None if scheduler is None else self._on_scheduler
         self.httpd = HttpServer("metrics", host, port, self.serve, limits=limits, web=web,
-                                max_body_bytes=MAX_BODY_BYTES, run_app=run_app, refused=self._refused,
+                                max_body_bytes=MAX_BODY_BYTES, run_app=run_app, refused=self._count,
                                 dropped=self._count)
 
     @property
@@ -84,9 +81,6 @@ class MetricsServer:
         for reason in _REASONS:  # every series from the start, at 0
             self._count(reason, 0)
         self.httpd.start()
-
-    def _refused(self, status: int) -> None:
-        self._count(REFUSED_REASONS.get(status, REFUSED_OTHER))
 
     def _count(self, reason: str, by: int = 1) -> None:
         if self._counted:

@@ -327,7 +327,7 @@ def test_what_the_metrics_server_turns_away_is_counted_by_reason() -> None:
     srv = MetricsServer(Store(Catalogue(all_metric_specs())), "127.0.0.1", 0, limits=HttpLimits(max_connections=3))
     srv.start()
     try:
-        reasons = ("auth_busy", "bad_request", "evicted", "full", "too_large", "unauthorized")
+        reasons = ("bad_request", "evicted", "full", "too_large", "unauthorized")
         assert _refused_counts(srv.port) == dict.fromkeys(reasons, 0.0)
         assert exchange(srv.port, b"BREW /metrics HTCPCP/1.0\r\n\r\n", timeout=3.0)[0].startswith(b"HTTP/1.1 400")
         head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
