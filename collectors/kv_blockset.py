@@ -68,7 +68,11 @@ class _Where:
 
 
 def _merge(keys: Keys, alive: Flags, new: Keys) -> tuple[Keys, Flags]:
-    """Sorted `keys` (with their flags) and sorted `new` keys (alive), merged in one pass."""
+    """Sorted `keys` (with their flags) and sorted `new` keys (alive, none of them in `keys`), merged."""
+    if alive.all():  # no flag to carry: the two sorted runs merged by timsort, ~3x faster than the scatter
+        merged = np.concatenate((keys, new))
+        merged.sort(kind="stable")
+        return merged, np.ones(len(merged), dtype=np.bool_)
     at = keys.searchsorted(new) + np.arange(len(new))
     merged = np.empty(len(keys) + len(new), dtype=np.uint64)
     flags = np.ones(len(merged), dtype=np.bool_)
@@ -224,7 +228,10 @@ class BlockSet:
             self._fresh, self._fresh_alive = _merge(self._fresh, self._fresh_alive, keys[rest])
         total = len(self._big) + len(self._fresh)
         if len(self._fresh) > max(len(self._big) >> 2, FLUSH_AT) or self._dead > total >> 2:
-            merged = np.concatenate((self._big[self._big_alive], self._fresh[self._fresh_alive]))
+            if self._dead:
+                merged = np.concatenate((self._big[self._big_alive], self._fresh[self._fresh_alive]))
+            else:  # nothing to drop (a boolean mask costs ~4 ns a key even when it keeps them all)
+                merged = np.concatenate((self._big, self._fresh))
             merged.sort(kind="stable")  # two sorted runs: a merge
             self._big, self._big_alive = merged, np.ones(len(merged), dtype=np.bool_)
             self._fresh, self._fresh_alive = _EMPTY_KEYS, _EMPTY_ALIVE

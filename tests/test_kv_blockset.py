@@ -63,6 +63,38 @@ def test_random_operations_match_a_python_set(seed: int, monkeypatch: pytest.Mon
     assert len(ours) == 0 and ours.removed == removed + len(ref.members)
 
 
+def sorted_and_unique(ours: BlockSet) -> bool:
+    keys = [*ours._big.tolist(), *ours._fresh.tolist()]
+    return (all(a < b for a, b in zip(ours._big.tolist(), ours._big.tolist()[1:], strict=False))
+            and all(a < b for a, b in zip(ours._fresh.tolist(), ours._fresh.tolist()[1:], strict=False))
+            and len(set(keys)) == len(keys))
+
+
+def test_stores_only_then_removals_then_stores_match_a_python_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paths taken while nothing is dead (fresh merged by a sort, big folded without a mask) and those
+    taken once removals have left dead keys, one after the other, with folds in each phase."""
+    monkeypatch.setattr(kv_blockset, "FLUSH_AT", 37)
+    rng = random.Random(7)
+    ours, ref = BlockSet(), Reference()
+    folds = 0
+    for phase, steps in (("stores", 400), ("removals", 150), ("stores", 400)):
+        for _ in range(steps):
+            big = len(ours._big)
+            if phase == "stores":
+                hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 12))]
+                ours.store(hashes)
+                ref.store(hashes)
+            else:
+                hashes = rng.sample(sorted(ref.members), min(len(ref.members), rng.randint(1, 12)))
+                ours.remove(hashes)
+                ref.remove(hashes)
+            len(ours)  # a read applies the log
+            folds += len(ours._big) != big
+            assert sorted_and_unique(ours)
+        check(ours, ref)
+    assert folds >= 6  # the fold ran in each phase, with dead keys and without
+
+
 def test_a_removal_that_empties_the_set_is_seen_at_once() -> None:
     ours = BlockSet()
     ours.store([1, 2, 3])
