@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kvscope.collectors.kv_event_socket import MAX_WINDOW, MIN_WINDOW  # noqa: E402
+from kvscope.collectors.vllm_kv_events import VllmKvEventsOptions  # noqa: E402
+
 FLAGS = ("--no-collector.nvml", "--no-collector.engine_discovery", "--no-analysis.correlation",
          "--no-collector.lustre", "--log.level", "warning")
 _SAMPLE = re.compile(r'^(kvscope_kv_[a-z_]+)(?:\{([^}]*)\})? (\S+)$', re.M)
@@ -149,7 +153,7 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
             scrapes.append(agent.scrape()[1])
         sent_line = pub.stdout.readline().split()
         sent = int(sent_line[1])
-        pub.wait(10)
+        pub.wait(30)  # it delivers its queue before exiting (up to its 20 s linger)
         deadline = time.monotonic() + 60
         while True:  # until the agent has accounted for every batch (applied or counted lost)
             figures, _ = agent.scrape()
@@ -175,29 +179,34 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
 
 _BARE = """
 import sys, time, zmq
-ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.connect(sys.argv[1])
+ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.RCVHWM, int(sys.argv[3]))
+s.setsockopt(zmq.SUBSCRIBE, b""); s.connect(sys.argv[1])
 print("ready", flush=True)
-n, end = 0, time.monotonic() + float(sys.argv[2])
+n, end, window = 0, time.monotonic() + float(sys.argv[2]), float(sys.argv[4])
 while time.monotonic() < end:
     try:
         while True:
-            s.recv(zmq.NOBLOCK); s.recv(); s.recv(); n += 1
+            s.recv(zmq.NOBLOCK, copy=False); s.recv(copy=False); s.recv(copy=False).buffer; n += 1
     except zmq.Again:
-        time.sleep(0.002) if n else s.poll(100)
+        time.sleep(window) if n else s.poll(100)
 print(n, flush=True)
 """
 
 
 def bare_floor(rate: float, events: int, seconds: float) -> float:
-    """CPU seconds per block event of a bare subscriber process (a SUB socket that only receives each
-    message's three frames, with the same 2 ms batching): what ZMQ and Python cost before any decoding."""
+    """CPU seconds per block event of a bare subscriber process: a SUB socket with the agent's receive
+    queue (rcvhwm) that only takes each message's three frames as the agent does (no copy), one look per
+    window of the length the agent's socket thread would wait at this rate. What ZMQ and Python cost to
+    receive, before any decoding."""
+    rcvhwm = VllmKvEventsOptions.rcvhwm
+    window = min(MAX_WINDOW, max(MIN_WINDOW, events / rate * rcvhwm / 2))
     pub = subprocess.Popen([sys.executable, str(ROOT / "bench" / "kv_publisher.py"), "--rate", str(rate),
                             "--events", str(events), "--seconds", str(seconds), "--wait"],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert pub.stdin is not None and pub.stdout is not None
     endpoint = pub.stdout.readline().split()[1]
-    bare = subprocess.Popen([sys.executable, "-c", _BARE, endpoint, str(seconds + 4)], stdout=subprocess.PIPE,
-                            text=True)
+    bare = subprocess.Popen([sys.executable, "-c", _BARE, endpoint, str(seconds + 4), str(rcvhwm), str(window)],
+                            stdout=subprocess.PIPE, text=True)
     assert bare.stdout is not None
     try:
         bare.stdout.readline()

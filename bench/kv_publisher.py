@@ -4,7 +4,9 @@ vLLM's PUB side: `[topic, seq (8 bytes), msgpack batch]` at `--rate` block event
 of `--events` GPU BlockStored events (vLLM 0.33's map form, ~190 bytes an event), every block new (each
 hash is derived from the batch's sequence number and its place in it, written into a pre-encoded batch),
 for `--seconds`; then, after a pause, one last batch that shows any loss at the end. Rate 0: as fast as it
-can. Prints `endpoint E` once bound, `subscribed` once a subscriber is, and at the end `sent N seconds S`.
+can. At exit it lingers until its queue is delivered (`--linger`), so a subscriber that fell behind still
+gets the tail and the last batch, and can count what it lost. Prints `endpoint E` once bound, `subscribed`
+once a subscriber is, and at the end `sent N seconds S`.
 
 Run: python bench/kv_publisher.py --rate 50000 --events 16 --seconds 5
 """
@@ -58,6 +60,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--events", type=int, default=16, help="events per batch")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--pause", type=float, default=1.0)
+    ap.add_argument("--linger", type=float, default=20.0, help="seconds to deliver the queue at exit")
     ap.add_argument("--hwm", type=int, default=100_000, help="SNDHWM (vLLM's PUB sets 100000)")
     ap.add_argument("--wait", action="store_true", help="after the subscription, wait for a line on stdin")
     args = ap.parse_args(argv)
@@ -65,7 +68,6 @@ def main(argv: list[str]) -> int:
     ctx: zmq.Context[Any] = zmq.Context()
     sock = ctx.socket(zmq.XPUB)  # XPUB: waits for the subscription instead of guessing (slow joiner)
     sock.setsockopt(zmq.SNDHWM, args.hwm)
-    sock.setsockopt(zmq.LINGER, 2000)
     sock.bind("tcp://127.0.0.1:*")
     print("endpoint", sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     if not sock.poll(30_000) or sock.recv()[:1] != b"\x01":
@@ -89,8 +91,7 @@ def main(argv: list[str]) -> int:
     sock.send_multipart([b"", seq.to_bytes(8, "big"), batches.batch(seq)])
     seq += 1
     print("sent", seq, "seconds", f"{elapsed:.3f}", flush=True)
-    time.sleep(0.5)
-    sock.close(0)
+    sock.close(int(args.linger * 1000))  # blocks in term() until delivered or the linger is over
     ctx.term()
     return 0
 
