@@ -153,7 +153,6 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
             scrapes.append(agent.scrape()[1])
         sent_line = pub.stdout.readline().split()
         sent = int(sent_line[1])
-        pub.wait(30)  # it delivers its queue before exiting (up to its 20 s linger)
         deadline = time.monotonic() + 60
         while True:  # until the agent has accounted for every batch (applied or counted lost)
             figures, _ = agent.scrape()
@@ -163,6 +162,9 @@ def run(rate: float, events: int, seconds: float, settle: float = 0.0, extra: st
                 break
             time.sleep(0.2)
         cpu, wall = process_cpu(pid) - c0, time.monotonic() - w0 - 1.0  # less the publisher's closing pause
+        pub.stdin.write("stop\n")  # it stops repeating its last batch, delivers its queue and exits
+        pub.stdin.flush()
+        pub.wait(30)
         result = LiveResult(rate, events, sent, applied, cpu, float(sent_line[3]), wall, idle,
                             status_kib(pid, "VmRSS") / 1024, status_kib(pid, "VmHWM") / 1024,
                             dropped=dropped, missed=figures.get("kvscope_kv_events_missed_total", 0.0),

@@ -4,9 +4,10 @@ vLLM's PUB side: `[topic, seq (8 bytes), msgpack batch]` at `--rate` block event
 of `--events` GPU BlockStored events (vLLM 0.33's map form, ~190 bytes an event), every block new (each
 hash is derived from the batch's sequence number and its place in it, written into a pre-encoded batch),
 for `--seconds`; then, after a pause, one last batch that shows any loss at the end. Rate 0: as fast as it
-can. At exit it lingers until its queue is delivered (`--linger`), so a subscriber that fell behind still
-gets the tail and the last batch, and can count what it lost. Prints `endpoint E` once bound, `subscribed`
-once a subscriber is, and at the end `sent N seconds S`.
+can. Prints `endpoint E` once bound, `subscribed` once a subscriber is, and `sent N seconds S`. Then, with
+`--wait`, it sends the last batch again every 0.25 s until a second line on stdin (or `--linger` s); at
+exit it lingers until its queue is delivered (up to `--linger` s), so a subscriber that fell behind still
+gets the tail and the last batch, and can count everything it lost.
 
 Run: python bench/kv_publisher.py --rate 50000 --events 16 --seconds 5
 """
@@ -14,6 +15,7 @@ Run: python bench/kv_publisher.py --rate 50000 --events 16 --seconds 5
 from __future__ import annotations
 
 import argparse
+import select
 import sys
 import time
 from pathlib import Path
@@ -88,9 +90,17 @@ def main(argv: list[str]) -> int:
             time.sleep(max(0.0005, seq / per_second - (time.perf_counter() - start)))
     elapsed = time.perf_counter() - start
     time.sleep(args.pause)
-    sock.send_multipart([b"", seq.to_bytes(8, "big"), batches.batch(seq)])
+    last = [b"", seq.to_bytes(8, "big"), batches.batch(seq)]
+    sock.send_multipart(last)
     seq += 1
     print("sent", seq, "seconds", f"{elapsed:.3f}", flush=True)
+    if args.wait:
+        # The last batch is what shows the subscriber any loss at the end, but after a flood it can be dropped
+        # like the others: ZMQ takes nothing into a full queue until the subscriber has drained most of it.
+        # It is sent again every 0.25 s (a subscriber skips the copies as repeats) until the caller's line.
+        deadline = time.monotonic() + args.linger
+        while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0.25)[0]:
+            sock.send_multipart(last)
     sock.close(int(args.linger * 1000))  # blocks in term() until delivered or the linger is over
     ctx.term()
     return 0
