@@ -104,7 +104,8 @@ def main() -> int:
             f"x{at_3m['ours'] / GOAL_BYTES:.2f}", at_3m["ours"] <= GOAL_BYTES and at_3m["rss"] <= GOAL_MIB_AT_3M)
     flood = kv_live.run(0, 16, 3.0, settle=5.0)
     print(f"(b) unpaced flood, 16-event batches, 3 s: {flood.sent} batches sent, {flood.applied / 16:.0f} applied, "
-          f"{flood.dropped:.0f} counted dropped ({flood.shed:.0f} shed by our queue); RSS peak "
+          f"{flood.dropped:.0f} counted dropped ({flood.shed:.0f} shed by our queue), "
+          f"{flood.sent - flood.applied / 16 - flood.dropped:.0f} unaccounted; RSS peak "
           f"{flood.hwm_mib:.0f} MiB, at the end {flood.rss_mib:.0f} MiB, 5 s later {flood.rss_after_mib:.0f} MiB")
     print(state(load))
     return 0
