@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     print("sent", seq, "seconds", f"{elapsed:.3f}", flush=True)
     if args.wait:
         # The last batch is what shows the subscriber any loss at the end, but after a flood it can be dropped
-        # like the others: ZMQ takes nothing into a full queue until the subscriber has drained most of it.
+        # like the others: ZMQ takes nothing into a full queue until the subscriber has drained half of it.
         # It is sent again every 0.25 s (a subscriber skips the copies as repeats) until the caller's line.
         deadline = time.monotonic() + args.linger
         while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0.25)[0]:
