@@ -113,6 +113,11 @@ HISTOGRAM_RULES: dict[str, str] = {  # vLLM family → kvscope histogram (vLLM's
     f"{V}request_prefill_time_seconds": c.PREFILL_SECONDS,
 }
 CACHE_CONFIG = f"{V}cache_config_info"
+# vLLM 0.8.0 until PR #18003 (May 2025, before 0.9) counted the GPU prefix cache in blocks, and said so in
+# the HELP of these two families ("in terms of number of queried blocks" / "cached blocks"); it has
+# counted tokens since, and says tokens. Such a page's readings are scaled by its block size.
+BLOCK_COUNTED = frozenset({f"{V}gpu_prefix_cache_queries_total", f"{V}gpu_prefix_cache_hits_total"})
+BLOCK_COUNTED_HELP = b"in terms of number of queried blocks"
 OFFLOAD_CONFIG = f"{V}kv_offload_config_info"
 
 
@@ -147,6 +152,17 @@ class TierTable:
 class Normalised:
     readings: list[Reading] = field(default_factory=list)
     dropped: int = 0  # samples the contract cannot take (non-finite counters, broken histograms)
+    unscaled: int = 0  # block-counted samples left out: no block size on the page for their dp rank
+
+
+def _block_sizes(samples: Mapping[str, list[tuple[Mapping[str, str], float]]]) -> dict[str, float]:
+    """Tokens per GPU block by dp rank, from `vllm:cache_config_info{block_size}`."""
+    sizes: dict[str, float] = {}
+    for labels, _ in samples.get(CACHE_CONFIG, ()):
+        size = labels.get("block_size", "")
+        if _is_number(size) and float(size) > 0:
+            sizes[labels.get("engine", "0")] = float(size)
+    return sizes
 
 
 def _is_number(text: str) -> bool:
@@ -195,17 +211,21 @@ class Normaliser:
             "tiering_write": tiering_write,
         }
 
-    def normalise(self, page: ScanResult) -> Normalised:
+    def normalise(self, page: ScanResult, counted_in_blocks: bool = False) -> Normalised:
+        """`counted_in_blocks`: the page's HELP says its GPU prefix cache counts blocks (BLOCK_COUNTED_HELP):
+        those samples are turned into tokens by the block size of `vllm:cache_config_info`."""
         out = Normalised()
         samples = page.samples
         models: dict[str, str] = {}  # dp rank → model, for info series that carry no model_name
         entries: list[tuple[tuple[str, ...], str, int, str, tuple[str, ...], int, float]] = []
+        block_sizes = _block_sizes(samples) if counted_in_blocks else {}
         for rule in (*COUNTER_RULES, *GAUGE_RULES):
             rows = samples.get(rule.sample)
             if not rows:
                 continue
             resolver = self._resolvers[rule.resolve] if rule.resolve else None
             counter = rule.metric.endswith("_total")
+            in_blocks = counted_in_blocks and rule.sample in BLOCK_COUNTED
             for labels, value in rows:
                 dp = labels.get("engine", "0")
                 model = labels.get("model_name", "")
@@ -214,6 +234,12 @@ class Normaliser:
                 if math.isnan(value) or (counter and math.isinf(value)):
                     out.dropped += 1
                     continue
+                if in_blocks:
+                    size = block_sizes.get(dp)
+                    if size is None:
+                        out.unscaled += 1
+                        continue
+                    value *= size
                 extra, priority = rule.extra, rule.priority
                 if resolver is not None:
                     resolved = resolver(labels.get(rule.label, ""))

@@ -19,6 +19,8 @@ How hits per tier are derived, without counting a token twice:
 - Older engines (0.14.1, 0.20): G1 hits = `prefix_cache_hits` (alias `gpu_prefix_cache_hits` in
   0.11), and `external_prefix_cache_hits` goes through the table as `external_unspecified`
   (unattributed by default): the connector says nothing about which tier served it.
+- vLLM 0.8 until PR #18003 counted `gpu_prefix_cache_queries/hits` in blocks, and its HELP says so: such a
+  page's two are multiplied by `cache_config_info`'s block_size (left out when the page has none).
 - Computed (recomputed) tokens: `vllm:prompt_tokens_by_source{source="local_compute"}`; the other two
   sources are hits already counted above. Without it (≤0.30) the `_sum` of the histogram
   `vllm:request_prefill_kv_computed_tokens` (prompt − cached tokens per finished request) is used: a
@@ -72,6 +74,8 @@ from kvscope.collectors.exposition_scan import ExpositionScanner
 from kvscope.collectors.http_scrape import Fetcher, ParallelScrape, http_fetch
 from kvscope.collectors.scrape_target import ScrapeTarget, SeriesKey, target_health
 from kvscope.collectors.vllm_map import (
+    BLOCK_COUNTED,
+    BLOCK_COUNTED_HELP,
     CONNECTOR,
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
@@ -172,6 +176,7 @@ class VllmMetricsCollector:
     def __init__(self, options: VllmOptions, fetch: Fetcher | None = None) -> None:
         self._options = options
         self._unknown_tiers: set[str] = set()
+        self._unscaled_reported: set[str] = set()  # targets whose block-counted prefix cache was logged
         self._normaliser = Normaliser(options.engine, options.cache_hit_source_tiers, options.tiering_tiers,
                                       self._unknown_tier)
         wanted = wanted_samples()
@@ -192,7 +197,15 @@ class VllmMetricsCollector:
             page = target.page(NAME, answer)
             if page is None:
                 continue
-            result = self._normaliser.normalise(page)
+            # the HELP says which unit an old engine counted its prefix cache in (read only when it has those)
+            in_blocks = (isinstance(answer, bytes) and not page.samples.keys().isdisjoint(BLOCK_COUNTED)
+                         and BLOCK_COUNTED_HELP in answer)
+            result = self._normaliser.normalise(page, in_blocks)
+            if result.unscaled and target.url not in self._unscaled_reported:
+                self._unscaled_reported.add(target.url)
+                log.warning("%s target %s: its prefix cache counts blocks (vLLM before 0.9), and the page has "
+                            "no vllm:cache_config_info block_size to turn them into tokens: prefix cache "
+                            "lookups and hits are not exported for it (logged once)", NAME, target.url)
             target.count_malformed(NAME, page, result.dropped)
             target.claim(NAME, _with_held(target.held, result.readings), claimed, readings, "same model and dp rank")
         readings.extend(target_health(NAME, self._targets))

@@ -142,3 +142,59 @@ def test_every_family_the_map_knows_is_mapped(name: str) -> None:
     exported = {metric for metric, labels in readings if labels[:1] == ("vllm",)}
     missing = {sample: MAPPED[sample] for sample in known if MAPPED[sample] not in exported}
     assert not missing, f"{name}: on the page and in the map, but not exported: {missing}"
+
+
+# -- vLLM 0.8's V1 engine counted its GPU prefix cache in blocks -----------------------------------------------
+# The 318 page (captured) ends inside its `gpu_prefix_cache_queries_total` sample line, after the HELP that
+# says "blocks". The lines added here follow vLLM 0.8's loggers (the hits HELP is its text) and the
+# captured V0 page's `cache_config_info` line; the values are ours.
+QWEN = 'model_name="Qwen/Qwen2.5-Coder-32B-Instruct"'
+BLOCK_COUNTED_TAIL = (
+    f"vllm:gpu_prefix_cache_queries_total{{{QWEN}}} 1000.0\n"
+    "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.\n"
+    "# TYPE vllm:gpu_prefix_cache_hits_total counter\n"
+    f"vllm:gpu_prefix_cache_hits_total{{{QWEN}}} 250.0\n"
+)
+CACHE_CONFIG_LINES = (
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+    'num_gpu_blocks="2340"} 1.0\n'
+)
+
+
+def scrape_text(text: str) -> tuple[str, Readings]:
+    with serving(text.encode()) as (server,):
+        url = server.url()
+        return url, as_dict(VllmMetricsCollector(VllmOptions(urls=[url])).collect())
+
+
+def test_a_prefix_cache_counted_in_blocks_is_turned_into_tokens_by_the_block_size() -> None:
+    captured = (CAPTURED / "production-stack-318-v1-fragment.prom").read_text()
+    assert captured.endswith("queried blocks.\n# TYPE vllm:gpu_prefix_cache_queries_total counter\n")
+    _, readings = scrape_text(captured + BLOCK_COUNTED_TAIL + CACHE_CONFIG_LINES)
+    model = "Qwen/Qwen2.5-Coder-32B-Instruct"
+    assert value(readings, c.KV_LOOKUP_TOKENS, "vllm", model, "0") == 1000 * 16
+    assert value(readings, c.KV_HIT_TOKENS, "vllm", model, "0", "G1") == 250 * 16
+    # the same page saying tokens, as every vLLM since 0.9 does: taken as it is
+    in_tokens = captured.replace("queried blocks", "queried tokens") + BLOCK_COUNTED_TAIL.replace(
+        "cached blocks", "cached tokens") + CACHE_CONFIG_LINES
+    _, readings = scrape_text(in_tokens)
+    assert value(readings, c.KV_LOOKUP_TOKENS, "vllm", model, "0") == 1000
+    assert value(readings, c.KV_HIT_TOKENS, "vllm", model, "0", "G1") == 250
+
+
+def test_blocks_without_a_block_size_are_left_out_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    captured = (CAPTURED / "production-stack-318-v1-fragment.prom").read_text()
+    text = captured + BLOCK_COUNTED_TAIL
+    with serving(text.encode()) as (server,):
+        url = server.url()
+        collector = VllmMetricsCollector(VllmOptions(urls=[url]))
+        with caplog.at_level("WARNING", logger="kvscope.collectors.vllm"):
+            first, second = as_dict(collector.collect()), as_dict(collector.collect())
+    for readings in (first, second):
+        assert not {m for m, _ in readings} & {c.KV_LOOKUP_TOKENS, c.KV_HIT_TOKENS}
+        assert value(readings, c.REQUESTS_RUNNING, "vllm", "Qwen/Qwen2.5-Coder-32B-Instruct", "0") == 0.0
+        assert value(readings, "kvscope_scrape_malformed_lines_total", "vllm", url) == 0.0
+    said = [r for r in caplog.records if "counts blocks" in r.getMessage()]
+    assert len(said) == 1 and url in said[0].getMessage()
