@@ -113,9 +113,9 @@ HISTOGRAM_RULES: dict[str, str] = {  # vLLM family → kvscope histogram (vLLM's
     f"{V}request_prefill_time_seconds": c.PREFILL_SECONDS,
 }
 CACHE_CONFIG = f"{V}cache_config_info"
-# vLLM 0.8.0 until PR #18003 (May 2025, before 0.9) counted the GPU prefix cache in blocks, and said so in
-# the HELP of these two families ("in terms of number of queried blocks" / "cached blocks"); it has
-# counted tokens since, and says tokens. Such a page's readings are scaled by its block size.
+# vLLM's V1 engine, from these counters' first release until PR #18003 (May 2025, before 0.9), counted
+# in blocks and said so in the HELP of these two families ("in terms of number of queried blocks" / "cached
+# blocks"); it has counted tokens since, and says tokens. Such a page's readings are scaled by its block size.
 BLOCK_COUNTED = frozenset({f"{V}gpu_prefix_cache_queries_total", f"{V}gpu_prefix_cache_hits_total"})
 BLOCK_COUNTED_HELP = b"in terms of number of queried blocks"
 OFFLOAD_CONFIG = f"{V}kv_offload_config_info"

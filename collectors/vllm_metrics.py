@@ -19,8 +19,9 @@ How hits per tier are derived, without counting a token twice:
 - Older engines (0.14.1, 0.20): G1 hits = `prefix_cache_hits` (alias `gpu_prefix_cache_hits` in
   0.11), and `external_prefix_cache_hits` goes through the table as `external_unspecified`
   (unattributed by default): the connector says nothing about which tier served it.
-- vLLM 0.8 until PR #18003 counted `gpu_prefix_cache_queries/hits` in blocks, and its HELP says so: such a
-  page's two are multiplied by `cache_config_info`'s block_size (left out when the page has none).
+- vLLM's V1 engine until PR #18003 (before 0.9) counted `gpu_prefix_cache_queries/hits` in blocks, and
+  its HELP says so: such a page's two are multiplied by `cache_config_info`'s block_size (left out when
+  the page has none).
 - Computed (recomputed) tokens: `vllm:prompt_tokens_by_source{source="local_compute"}`; the other two
   sources are hits already counted above. Without it (≤0.30) the `_sum` of the histogram
   `vllm:request_prefill_kv_computed_tokens` (prompt − cached tokens per finished request) is used: a
