@@ -10,6 +10,7 @@ import pytest
 from kvscope.agent import contract
 from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.correlation import metrics as m
+from kvscope.agent.correlation.aggregate import HOLD_WINDOWS
 from kvscope.agent.correlation.engine import SPEC, CorrelationEngine, build
 from kvscope.agent.correlation.options import CorrelationOptions
 from kvscope.agent.pipeline import AnalysisInputs
@@ -336,3 +337,48 @@ def test_fetch_and_offload_before_the_first_ttft_are_carried_not_lost() -> None:
     parts = {lab[3]: r.value for (name, lab), r in out.items() if name == m.TTFT_ATTRIBUTED and isinstance(r, Sample)}
     assert parts["fetch"] == pytest.approx(0.2) and parts["offload"] == pytest.approx(0.3)
     assert parts["prefill"] == pytest.approx(0.9 - 0.2 - 0.3)
+
+
+def attributed(readings: list[Reading]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (name, labels), reading in by_key(readings).items():
+        if name == m.TTFT_ATTRIBUTED and isinstance(reading, Sample):
+            out[labels[3]] = out.get(labels[3], 0.0) + reading.value
+    return out
+
+
+def test_a_window_ending_between_first_tokens_and_finishes_is_held_until_they_finish() -> None:
+    """Three requests of 1 s TTFT each (0.6 s queue, 0.4 s prefill): all three first tokens fall in window
+    one, but only one request finishes there (queue and prefill time are observed when it finishes); the
+    other two finish in window two, which has no TTFT of its own."""
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+
+    def observe(ttft: tuple[float, float], queue: tuple[float, float], prefill: tuple[float, float]) -> None:
+        store.ingest("vllm", [hist(contract.TTFT_SECONDS, *ttft), hist(contract.QUEUE_SECONDS, *queue),
+                              hist(contract.PREFILL_SECONDS, *prefill)], clock.t)
+
+    observe((3.0, 3), (0.6, 1), (0.4, 1))
+    first = attributed(engine.run())
+    assert sum(first.values()) == 0.0  # held: two TTFTs have no queue or prefill time yet
+    clock.t += 1
+    observe((3.0, 3), (1.8, 3), (1.2, 3))
+    readings = engine.run()
+    assert attributed(readings) == {"queue": pytest.approx(1.8), "prefill": pytest.approx(1.2), "other": 0.0}
+    assert value(readings, m.ATTRIBUTION_ERROR, (*E, "aggregate", "negative_remainder")) == 0.0
+
+
+def test_a_held_window_is_attributed_after_hold_windows_however_its_requests_end() -> None:
+    """Requests that never finish (hung, or their finish is not on the page) do not hold attribution back for
+    more than HOLD_WINDOWS windows: their missing phases then count as `other`."""
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+    seen: dict[str, float] = {}
+    for window in range(HOLD_WINDOWS):
+        store.ingest("vllm", [hist(contract.TTFT_SECONDS, 2.0 + window, 2 + window),
+                              hist(contract.QUEUE_SECONDS, 0.6, 1), hist(contract.PREFILL_SECONDS, 0.4, 1)], clock.t)
+        seen = attributed(engine.run())
+        assert (sum(seen.values()) == 0.0) == (window < HOLD_WINDOWS - 1), window
+        clock.t += 1
+    assert seen == {"queue": pytest.approx(0.6), "prefill": pytest.approx(0.4),
+                    "other": pytest.approx(2.0 + HOLD_WINDOWS - 1 - 1.0)}

@@ -27,6 +27,12 @@ from kvscope.agent.tiers import Tier, link
 # not fit this window's phase is carried into the next windows (until its request finishes) for at most
 # this many windows before it counts as fetch_overflow.
 FETCH_CARRY_WINDOWS = 60
+# The same delay splits a request's TTFT (observed at its first token) from its queue and prefill time
+# (observed when it finishes) when a window ends in between. A window whose TTFTs outnumber its queue or
+# prefill observations is held and added to the next one, until the observations have caught up, for at
+# most this many windows. Attributed apart, the first window would count the missing phases as `other`
+# and the next one, with no TTFT of its own, would not be attributed at all.
+HOLD_WINDOWS = 5
 BELOW_G1 = (Tier.G2.value, Tier.G3.value, Tier.G4.value, Tier.UNATTRIBUTED.value)
 
 
@@ -49,6 +55,8 @@ class WindowAttribution:
         # fetch (offload) waiting for its phase, windows waited
         self._fetch_carry: dict[Key, tuple[float, int]] = {}
         self._offload_carry: dict[Key, tuple[float, int]] = {}
+        # windows held until their requests' queue and prefill time are observed: totals, counts, windows
+        self._held: dict[Key, tuple[WindowTotals, _Counts, int]] = {}
 
     def _hist_sum(self, name: str, labels: LabelValues) -> tuple[float, float] | None:
         if labels not in self._store.values(name):
@@ -122,9 +130,12 @@ class WindowAttribution:
             if ttft[1] > 0:
                 models.reused_per_request[key] = reused / ttft[1]
             if (ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried and not offload[key]
-                    and not offload_carried):
+                    and not offload_carried and key not in self._held):
                 continue
-            attribution = attribute_window(totals, self._fetch_inside(key[0]), self._offload_inside(key[0]))
+            held = self._hold(key, totals, _Counts(ttft[1], queue and queue[1], prefill and prefill[1]))
+            if held is None:
+                continue
+            attribution = attribute_window(held, self._fetch_inside(key[0]), self._offload_inside(key[0]))
             if attribution.fetch_overflow > 0 and waited < FETCH_CARRY_WINDOWS:
                 self._fetch_carry[key] = (attribution.fetch_overflow, waited + 1)
                 attribution = replace(attribution, fetch_overflow=0.0)
@@ -141,6 +152,18 @@ class WindowAttribution:
             self._carry(self._offload_carry, key, offload[key], "offload_overflow")
         return window
 
+    def _hold(self, key: Key, totals: WindowTotals, counts: _Counts) -> WindowTotals | None:
+        """This window's totals with those held before it, or None while its TTFTs are still ahead of their
+        queue or prefill observations (held, for at most HOLD_WINDOWS windows)."""
+        windows = 0
+        if key in self._held:
+            before, before_counts, windows = self._held.pop(key)
+            totals, counts = _joined(before, totals), before_counts + counts
+        if counts.ahead() and windows + 1 < HOLD_WINDOWS:
+            self._held[key] = (totals, counts, windows + 1)
+            return None
+        return totals
+
     def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str) -> None:
         held, waited = carry.pop(key, (0.0, 0))
         if waited < FETCH_CARRY_WINDOWS:
@@ -148,3 +171,29 @@ class WindowAttribution:
                 carry[key] = (held + seconds, waited + 1)
         else:
             self._out.counters[(m.ATTRIBUTION_ERROR, (*key, "aggregate", error))] += held + seconds
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """Requests observed in a span of windows: TTFTs, and queue and prefill times (None: not reported)."""
+
+    ttft: float
+    queue: float | None
+    prefill: float | None
+
+    def __add__(self, other: _Counts) -> _Counts:
+        return _Counts(self.ttft + other.ttft, _add(self.queue, other.queue), _add(self.prefill, other.prefill))
+
+    def ahead(self) -> bool:
+        """Some TTFT has no queue or prefill time yet (its request has not finished)."""
+        return any(n is not None and self.ttft > n for n in (self.queue, self.prefill))
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _joined(a: WindowTotals, b: WindowTotals) -> WindowTotals:
+    method: Method = "estimated" if "estimated" in (a.offload_method, b.offload_method) else "measured"
+    return WindowTotals(a.ttft + b.ttft, _add(a.queue, b.queue), _add(a.prefill, b.prefill), _add(a.fetch, b.fetch),
+                        _add(a.offload, b.offload), method)
