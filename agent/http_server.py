@@ -81,13 +81,15 @@ def bind(host: str, port: int, backlog: int) -> socket.socket:
 
 # why the server answered a request itself, by the status it answered; anything else is a bad_request
 # (400, and 417, 501, 505: a request this server does not serve)
-_REFUSAL_REASONS = {401: "unauthorized", 503: "unauthorized", 413: "too_large", 431: "too_large"}
+_REASON_BY_STATUS = {401: "unauthorized", 503: "unauthorized", 413: "too_large", 431: "too_large"}
+REFUSAL_REASONS = ("bad_request", "unauthorized", "too_large")  # what `refused` is called with
+DROP_REASONS = ("evicted", "full")  # what `dropped` is called with (see `_make_room`)
 
 
 def refusal_reason(status: int) -> str:
     """bad_request, unauthorized (basic auth refused, or not checked: 503, too many password checks in
     flight) or too_large (413 body, 431 head), for owners that count refusals."""
-    return _REFUSAL_REASONS.get(status, "bad_request")
+    return _REASON_BY_STATUS.get(status, "bad_request")
 
 
 class HttpServer:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kvscope.collectors.kv_event_socket import MAX_WINDOW, MIN_WINDOW  # noqa: E402
+from kvscope.collectors.kv_event_socket import steady_window  # noqa: E402
 from kvscope.collectors.vllm_kv_events import VllmKvEventsOptions  # noqa: E402
 
 FLAGS = ("--no-collector.nvml", "--no-collector.engine_discovery", "--no-analysis.correlation",
@@ -201,7 +201,7 @@ def bare_floor(rate: float, events: int, seconds: float) -> float:
     window of the length the agent's socket thread would wait at this rate. What ZMQ and Python cost to
     receive, before any decoding."""
     rcvhwm = VllmKvEventsOptions.rcvhwm
-    window = min(MAX_WINDOW, max(MIN_WINDOW, events / rate * rcvhwm / 2))
+    window = steady_window(events / rate, rcvhwm)
     pub = subprocess.Popen([sys.executable, str(ROOT / "bench" / "kv_publisher.py"), "--rate", str(rate),
                             "--events", str(events), "--seconds", str(seconds), "--wait"],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -115,9 +115,8 @@ class Sequencer:
             self._apply_out_of_order(s, seq, batch)  # now in order
             return
         if held is not None and seq == held[0] and batch.ts == held[1].ts:
-            self._apply_out_of_order(s, held[0], held[1])  # the same batch sent again confirms it too
-            with self._lock:
-                s.repeated += 1
+            self._apply_out_of_order(s, held[0], held[1])  # the same batch sent again confirms it too,
+            self.accept(s, seq, batch)  # and is then an ordinary repeat
             return
         if held is not None:
             self._reject(s, held[0], "unconfirmed jump")

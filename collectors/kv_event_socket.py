@@ -55,6 +55,11 @@ MIN_WINDOW = 0.002
 MAX_WINDOW = 0.050
 STEADY_GAP = 0.050
 
+
+def steady_window(seconds_per_message: float, rcvhwm: int) -> float:
+    """The pause between two looks at a steady stream: the time half of ZMQ's queue takes to fill."""
+    return min(MAX_WINDOW, max(MIN_WINDOW, seconds_per_message * rcvhwm / 2))
+
 # A message's frames: views of ZMQ's frames (received with copy=False: no copy, and `.more` is an attribute
 # where pyzmq's recv_multipart asks ZMQ for RCVMORE through two Python layers, which costs twice the whole
 # receive), or bytes (replays, tests).
@@ -165,7 +170,7 @@ class Receiver:
         rcvhwm = self.options.rcvhwm
         if got >= rcvhwm or (came <= 1 and gap >= STEADY_GAP):
             return 0.0
-        return min(MAX_WINDOW, max(MIN_WINDOW, gap / came * rcvhwm / 2))
+        return steady_window(gap / came, rcvhwm)
 
     def _poll_ms(self) -> int:
         """Sleep until a message comes, or the next quiet stream is due for a tail check."""

@@ -23,7 +23,7 @@ from functools import partial
 
 from kvscope.agent.catalogue import counter
 from kvscope.agent.http_messages import Request, Response, text
-from kvscope.agent.http_server import HttpLimits, HttpServer
+from kvscope.agent.http_server import DROP_REASONS, REFUSAL_REASONS, HttpLimits, HttpServer
 from kvscope.agent.scheduler import Scheduler
 from kvscope.agent.store import Store
 from kvscope.agent.webconfig import WebConfig, load_web_config
@@ -39,8 +39,6 @@ _OPENMETRICS_VERSIONS = (None, "1.0.0", "0.0.1")
 _TEXT_VERSIONS = (None, "0.0.4")
 _NEGOTIATED_CACHE = 64  # distinct Accept headers remembered (a scraper sends the same one each time)
 REFUSED_TOTAL = "kvscope_http_refused_total"
-# what the /metrics server turned away: requests (agent/http_server.py's refusal_reason), then connections
-_REASONS = ("bad_request", "unauthorized", "too_large", "evicted", "full")
 METRICS = (
     counter(REFUSED_TOTAL, "", ("reason",),
             "Requests and connections the /metrics server turned away: bad_request (malformed or unsupported), "
@@ -78,7 +76,7 @@ class MetricsServer:
         return self.httpd.port
 
     def start(self) -> None:
-        for reason in _REASONS:  # every series from the start, at 0
+        for reason in (*REFUSAL_REASONS, *DROP_REASONS):  # every series from the start, at 0
             self._count(reason, 0)
         self.httpd.start()
 
