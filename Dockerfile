@@ -4,7 +4,7 @@
 FROM python:3.11-slim AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY kvscope kvscope
+COPY package package
 COPY agent agent
 COPY collectors collectors
 COPY exporters exporters

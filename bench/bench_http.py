@@ -1,6 +1,6 @@
 """The agent's HTTP servers under hostile or careless clients, measured on a real `kvscope run` process.
 
-Each case starts `python -m kvscope.agent.cli run` (from --checkout, default this repository) with
+Each case starts `python -m kvscope.agent.app.cli run` (from --checkout, default this repository) with
 /metrics and the OTLP receiver on loopback ports, does something a peer can do, and reports what a
 legitimate client sees. No case needs a setting the old servers lacked, so the same script measures a
 checkout before and after a change:
@@ -39,10 +39,10 @@ from pathlib import Path
 import bcrypt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 MIB = 1 << 20
 
-from tests.http_helpers import free_port, kvscope_run  # noqa: E402
+from testkit.http import free_port, kvscope_run  # noqa: E402
 
 
 class Agent:

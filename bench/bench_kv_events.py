@@ -1,4 +1,4 @@
-"""Benchmark of the vLLM KV-event subscriber (collectors/vllm_kv_events.py), issue 16 goal 3.
+"""Benchmark of the vLLM KV-event subscriber (collectors/kv_events/collector.py), issue 16 goal 3.
 
 (a) Decode + aggregate rate of our pipeline (frame checks, msgspec decode, sequence check, residency and
     reuse distance, the what-if analysis' access stream: everything `handle()` does for a live message, in the
@@ -33,22 +33,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgspec
 import zmq
 
-from kvscope.agent.kv_access import KvAccessLog
-from kvscope.agent.reference.vllm_kv_wire import (
+from kvscope.agent.core.kv_access import KvAccessLog
+from kvscope.agent.tools.reference.vllm_kv_wire import (
     Vllm020Batch,
     Vllm020BlockStored,
     Vllm033Batch,
     Vllm033BlockRemoved,
     Vllm033BlockStored,
 )
-from kvscope.collectors.kv_event_schema import GpuStoresBatch, LegacyBatch, MapBatch
-from kvscope.collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
+from kvscope.collectors.kv_events.collector import VllmKvEventsCollector, VllmKvEventsOptions
+from kvscope.collectors.kv_events.schema import GpuStoresBatch, LegacyBatch, MapBatch
 
 EVENTS_PER_BATCH = 32
 GOAL = 1_000_000  # block events/s, decode + aggregate, one core

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(ROOT / "bench"))
 
 GOAL_BYTES = 32
@@ -44,7 +44,7 @@ def batches(blocks: int, per_batch: int = 512) -> Iterator[list[bytes]]:
     taken (so that the process holds only the collector's memory)."""
     import msgspec
 
-    from kvscope.agent.reference.vllm_kv_wire import Vllm033Batch, Vllm033BlockStored
+    from kvscope.agent.tools.reference.vllm_kv_wire import Vllm033Batch, Vllm033BlockStored
     for seq, first in enumerate(range(0, blocks, per_batch)):
         medium, locality = MEDIA[seq % len(MEDIA)]
         events = [Vllm033BlockStored([((first + j + 1) * 0x9E3779B97F4A7C15) % 2**64], None, [1] * 16, 16, None,
@@ -56,12 +56,12 @@ def batches(blocks: int, per_batch: int = 512) -> Iterator[list[bytes]]:
 def child(blocks: int, plain_sets: bool) -> dict[str, float]:
     import zmq
 
-    from kvscope.collectors.vllm_kv_events import VllmKvEventsCollector, VllmKvEventsOptions
+    from kvscope.collectors.kv_events.collector import VllmKvEventsCollector, VllmKvEventsOptions
     collector = VllmKvEventsCollector(VllmKvEventsOptions(endpoint="tcp://127.0.0.1:1", model="m"), zmq.Context())
     stream = collector.streams[0]
     before = rss()
     if plain_sets:  # the structure BlockSet replaced: a Python set of int hashes per tier
-        from kvscope.collectors.kv_event_schema import BatchDecoder
+        from kvscope.collectors.kv_events.schema import BatchDecoder
         decoder, tiers = BatchDecoder(), {}
         for f in batches(blocks):
             for event in decoder.decode(f[2]).events:

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import verdict as goal_verdict
 
-from kvscope.agent.reference.blockfile import PAGE, direct_io_supported
-from kvscope.agent.reference.blocks import BlockId, chain_blocks
-from kvscope.agent.reference.geometry import preset
-from kvscope.agent.reference.pools import MemoryPool
-from kvscope.agent.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
-from kvscope.agent.tiers import Tier
+from kvscope.agent.core.tiers import Tier
+from kvscope.agent.tools.reference.blockfile import PAGE, direct_io_supported
+from kvscope.agent.tools.reference.blocks import BlockId, chain_blocks
+from kvscope.agent.tools.reference.geometry import preset
+from kvscope.agent.tools.reference.pools import MemoryPool
+from kvscope.agent.tools.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
 
 BLOCK_TOKENS = 256
 GOAL = 0.80

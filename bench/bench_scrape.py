@@ -44,7 +44,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(ROOT / "bench"))
 
 from goals import spread, verdict  # noqa: E402
@@ -52,11 +52,11 @@ from machine import Load, state  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics  # noqa: E402
 
-from kvscope.agent.cli import build_parser  # noqa: E402
-from kvscope.agent.config import load_config  # noqa: E402
-from kvscope.agent.flags import flag_overrides  # noqa: E402
-from kvscope.agent.wiring import build_agent, components  # noqa: E402
-from kvscope.exporters.prometheus import StoreCollector, TextRenderer  # noqa: E402
+from kvscope.agent.app.cli import build_parser  # noqa: E402
+from kvscope.agent.app.wiring import build_agent, components  # noqa: E402
+from kvscope.agent.config.flags import flag_overrides  # noqa: E402
+from kvscope.agent.config.settings import load_config  # noqa: E402
+from kvscope.exporters.prometheus.exposition import StoreCollector, TextRenderer  # noqa: E402
 
 NODE_EXPORTER_FLAGS = ("--collector.disable-defaults", "--collector.diskstats", "--collector.netdev",
                        "--collector.infiniband", "--collector.nfs", "--collector.mountstats")
@@ -92,7 +92,7 @@ def start_kvscope(port: int, log: Path, *config: str) -> subprocess.Popen[bytes]
     """`kvscope run` with the host collectors only; `config` lines go to its config file."""
     path = log.with_suffix(".toml")
     path.write_text("\n".join(config) + "\n")
-    return subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(path),
+    return subprocess.Popen([sys.executable, "-m", "kvscope.agent.app.cli", "run", "--config", str(path),
                              "--log.level", "warning", f"--web.listen-address=127.0.0.1:{port}", *KVSCOPE_FLAGS],
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
 
@@ -307,8 +307,8 @@ def overhead_goal(exporters: Exporters, work: Path, rounds: int, seconds: float)
 def exposition_goal(rounds: int) -> None:
     import bench_store_memory as mem
 
-    from kvscope.agent.catalogue import Catalogue
-    from kvscope.agent.store import Store
+    from kvscope.agent.core.catalogue import Catalogue
+    from kvscope.agent.core.store import Store
 
     store = Store(Catalogue(mem.SPECS))
     store.ingest("bench", mem.collection(mem.series_mix(), 3), time.time())

@@ -40,17 +40,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 
 sys.path.insert(0, str(ROOT / "bench"))
 from goals import verdict as goal_verdict  # noqa: E402
 
-from kvscope.agent.catalogue import AGENT_METRICS, Catalogue, MetricSpec  # noqa: E402
-from kvscope.agent.contract import CONTRACT_METRICS  # noqa: E402
-from kvscope.agent.readings import HistogramSample, Reading, Sample  # noqa: E402
-from kvscope.agent.store import Store  # noqa: E402
-from kvscope.collectors import disk, gpu_nvml, network, nfs, rdma  # noqa: E402
-from kvscope.exporters.prometheus import TextRenderer  # noqa: E402
+from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue, MetricSpec  # noqa: E402
+from kvscope.agent.core.contract import CONTRACT_METRICS  # noqa: E402
+from kvscope.agent.core.readings import HistogramSample, Reading, Sample  # noqa: E402
+from kvscope.agent.core.store import Store  # noqa: E402
+from kvscope.collectors.gpu import nvml as gpu_nvml  # noqa: E402
+from kvscope.collectors.host import disk, network, rdma  # noqa: E402
+from kvscope.collectors.sharedfs import nfs  # noqa: E402
+from kvscope.exporters.prometheus.exposition import TextRenderer  # noqa: E402
 
 SERIES = 1000
 COLLECTIONS = 600

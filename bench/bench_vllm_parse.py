@@ -21,14 +21,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(ROOT / "bench"))
 
 from goals import spread  # noqa: E402
 from goals import verdict as goal_verdict  # noqa: E402
 
-from kvscope.collectors.exposition_scan import ExpositionScanner  # noqa: E402
-from kvscope.collectors.vllm_map import Normaliser, wanted_samples  # noqa: E402
+from kvscope.collectors.engines.vllm_map import Normaliser, wanted_samples  # noqa: E402
+from kvscope.collectors.scrape.exposition import ExpositionScanner  # noqa: E402
 
 PAGE = ROOT / "tests" / "fixtures" / "vllm" / "v0.33.0-cpu-offload-dp2.prom"
 GOAL = 0.05

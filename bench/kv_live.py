@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from kvscope.collectors.kv_event_socket import steady_window  # noqa: E402
-from kvscope.collectors.vllm_kv_events import VllmKvEventsOptions  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
+from kvscope.collectors.kv_events.collector import VllmKvEventsOptions  # noqa: E402
+from kvscope.collectors.kv_events.subscriber import steady_window  # noqa: E402
 
 FLAGS = ("--no-collector.nvml", "--no-collector.engine_discovery", "--no-analysis.correlation",
          "--no-collector.lustre", "--log.level", "warning")
@@ -83,7 +83,7 @@ class Agent:
         config.write_text(f'[collectors.vllm_kv_events]\nenabled = true\nendpoint = "{endpoint}"\n'
                           f'model = "bench"\n{extra}')
         self.port = port
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvscope.agent.cli", "run", "--config", str(config),
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvscope.agent.app.cli", "run", "--config", str(config),
                                       f"--web.listen-address=127.0.0.1:{port}", *FLAGS], cwd=ROOT,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # it warns of the end
         deadline = time.monotonic() + 30

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 
 import msgspec
 import zmq
 
-from kvscope.agent.reference.vllm_kv_wire import Vllm033Batch, Vllm033BlockStored
+from kvscope.agent.tools.reference.vllm_kv_wire import Vllm033Batch, Vllm033BlockStored
 
 TOKENS = list(range(100_000, 100_016))  # a 16-token block of 5-byte token ids
 MARK = 0xA5A5A5A5A5A5A5A5  # a placeholder hash, found in the encoded template and overwritten per batch

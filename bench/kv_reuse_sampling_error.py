@@ -17,9 +17,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 
-from kvscope.collectors.kv_reuse import ReuseTracker
+from kvscope.collectors.kv_events.reuse import ReuseTracker
 
 MIN_BOUND = 256.0
 RATES = (1 / 4, 1 / 16, 1 / 64)

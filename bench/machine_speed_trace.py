@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgspec
 from bench_kv_events import cpu_model, make_payloads, pin_one_core, run_raw
 
-from kvscope.agent.reference.vllm_kv_wire import Vllm033Batch
+from kvscope.agent.tools.reference.vllm_kv_wire import Vllm033Batch
 
 
 def main() -> int:

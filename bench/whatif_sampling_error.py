@@ -20,14 +20,14 @@ import tracemalloc
 from array import array
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 
-from kvscope.agent.reference.blocks import chain_blocks
-from kvscope.agent.reference.scenarios import prefix_order
-from kvscope.agent.whatif.hierarchy import Chains, Hierarchy
-from kvscope.agent.whatif.predict import replay
-from kvscope.agent.whatif.profile import Measured, StreamProfile
-from kvscope.agent.whatif.sizes import scenario
+from kvscope.agent.analyses.whatif.hierarchy import Chains, Hierarchy
+from kvscope.agent.analyses.whatif.predict import replay
+from kvscope.agent.analyses.whatif.profile import Measured, StreamProfile
+from kvscope.agent.analyses.whatif.sizes import scenario
+from kvscope.agent.tools.reference.blocks import chain_blocks
+from kvscope.agent.tools.reference.scenarios import prefix_order
 
 BLOCK_TOKENS = 16
 BYTES_PER_TOKEN = 36_864

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-from kvscope.agent.pipeline import CollectorSpec
-from kvscope.collectors import (
-    disk,
-    dynamo_frontend,
-    dynamo_kvbm,
-    engine_discovery,
-    gpfs,
-    lmcache,
-    lustre,
-    network,
-    nfs,
-    otlp_traces,
-    process,
-    rdma,
-    sglang,
-    vllm_kv_events,
-    vllm_metrics,
-)
-from kvscope.collectors.gpu_nvml import SPEC as NVML_SPEC
+from kvscope.agent.core.pipeline import CollectorSpec
+from kvscope.collectors.engines import discovery as engine_discovery
+from kvscope.collectors.engines import dynamo_frontend, dynamo_kvbm, lmcache, sglang, vllm_metrics
+from kvscope.collectors.gpu.nvml import SPEC as NVML_SPEC
+from kvscope.collectors.host import disk, network, process, rdma
+from kvscope.collectors.kv_events import collector as vllm_kv_events
+from kvscope.collectors.requests import otlp_traces
+from kvscope.collectors.sharedfs import gpfs, lustre, nfs
 
 # Each collector module declares its own SPEC; this table lists them in data-flow order (host sources,
-# GPU, engines, per-request sources), one a line. Analyses are not collectors: agent/wiring.py lists them.
+# GPU, engines, per-request sources), one a line. Analyses are not collectors: agent/app/wiring.py lists them.
 _SPECS: list[CollectorSpec] = [
     disk.SPEC,
     network.SPEC,

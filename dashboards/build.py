@@ -1,7 +1,7 @@
 """Renders the dashboards as Grafana JSON and the rule files as a Kubernetes PrometheusRule.
 
 `render()` returns file name -> text for everything generated; scripts/build_dashboards.py (`make
-dashboards`) writes it into the checkout and tests/test_dash_build.py fails when a committed file differs.
+dashboards`) writes it into the checkout and tests/dashboards/test_build.py fails when a committed file differs.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from kvscope.agent.catalogue import counter
-from kvscope.agent.records import ERROR_KINDS, AttributedRequest
-from kvscope.agent.store import Store
+from kvscope.agent.core.catalogue import counter
+from kvscope.agent.core.records import ERROR_KINDS, AttributedRequest
+from kvscope.agent.core.store import Store
 
 log = logging.getLogger("kvscope.jsonl")
 

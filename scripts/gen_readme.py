@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit; kvscope itself is installed
 
-from kvscope.agent.wiring import build_catalogue, components  # noqa: E402
+from kvscope.agent.app.wiring import build_catalogue, components  # noqa: E402
 
 
 def collectors_table() -> str:

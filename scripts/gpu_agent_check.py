@@ -22,8 +22,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from gpu_check import run_load  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from kvscope.agent.config import load_config  # noqa: E402
-from kvscope.agent.wiring import build_agent, components  # noqa: E402
+from kvscope.agent.app.wiring import build_agent, components  # noqa: E402
+from kvscope.agent.config.settings import load_config  # noqa: E402
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package (the recorder) is not installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # testkit; kvscope itself is installed
 
-from kvscope.agent.catalogue import AGENT_METRICS, Catalogue
-from kvscope.agent.readings import Reading
-from kvscope.agent.store import Store
-from kvscope.collectors.gpu_nvml import NvmlCollector, NvmlOptions
-from kvscope.collectors.gpu_samples import METRICS
-from tests.nvml_replay import NvmlRecorder
+from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue
+from kvscope.agent.core.readings import Reading
+from kvscope.agent.core.store import Store
+from kvscope.collectors.gpu.nvml import NvmlCollector, NvmlOptions
+from kvscope.collectors.gpu.samples import METRICS
+from testkit.nvml_replay import NvmlRecorder
 
 GIB = 1 << 30
 TOTALS = ("kvscope_gpu_busy_seconds_total", "kvscope_gpu_idle_seconds_total", "kvscope_gpu_unsampled_seconds_total",

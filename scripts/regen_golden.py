@@ -1,17 +1,22 @@
 """Regenerate tests/fixtures/host/golden.prom from the host collectors over tests/fixtures/host/gpu-node.
 
 Run from the repository root: `.venv/bin/python scripts/regen_golden.py`, then review `git diff`.
-It runs exactly what tests/test_golden_host.py runs (one cycle, real HTTP GET, same masking).
+It runs exactly what tests/collectors/host/test_golden.py runs (one cycle, real HTTP GET, same masking).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package is not installed
-
-from tests.test_golden_host import GOLDEN, mask, scrape_fixture_agent
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit, as pytest's pythonpath puts it
+_spec = importlib.util.spec_from_file_location("host_golden", ROOT / "tests/collectors/host/test_golden.py")
+assert _spec is not None and _spec.loader is not None
+_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_golden)
+GOLDEN, mask, scrape_fixture_agent = _golden.GOLDEN, _golden.mask, _golden.scrape_fixture_agent
 
 
 def main() -> int:

@@ -1,15 +1,14 @@
-"""Shared test helpers."""
+"""Fixtures every test folder shares (helpers live in tests/lib/testkit)."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from testkit.paths import FIXTURES, ROOT
 
 
 @pytest.fixture
@@ -17,19 +16,18 @@ def fixtures() -> Path:
     return FIXTURES
 
 
-def require_tool(name: str) -> str:
-    """Path of an external tool; `make test` sets KVSCOPE_REQUIRE_TOOLS=1 so a missing one fails."""
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("KVSCOPE_REQUIRE_TOOLS") == "1":
-            pytest.fail(f"{name} is required (make test installs it from Debian's packages)")
-        pytest.skip(f"{name} not installed")
-    return path
+def _one_identity_environment() -> None:
+    """Nothing the suite starts can import a package folder by its bare name: the repository root (or the
+    current directory, under `python -m pytest`) leaves this process's path, and children get
+    PYTHONSAFEPATH, so `python -c` and `python -m` started from the root do not put it back. Children
+    find the test helpers (`python -m testkit.kv_flood`) on PYTHONPATH, as pytest's `pythonpath` puts
+    them here."""
+    root = ROOT.resolve()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p or ".").resolve() != root]
+    os.environ["PYTHONSAFEPATH"] = "1"
+    lib = str(ROOT / "tests" / "lib")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([lib, *[p for p in paths if p != lib]])
 
 
-def missing_environment(reason: str) -> NoReturn:
-    """A test that cannot run on this machine: skipped, except under KVSCOPE_REQUIRE_TOOLS=1 (make test sets
-    it), where a skip would hide that the check never ran, so it fails."""
-    if os.environ.get("KVSCOPE_REQUIRE_TOOLS") == "1":
-        pytest.fail(f"{reason} (KVSCOPE_REQUIRE_TOOLS=1: a check that cannot run fails)")
-    pytest.skip(reason)
+_one_identity_environment()

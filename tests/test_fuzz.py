@@ -1,4 +1,4 @@
-"""Property tests over every parser and decoder of kvscope's inputs (the targets of tests/fuzz.py): for
+"""Property tests over every parser and decoder of kvscope's inputs (the targets of tests/lib/testkit/fuzz.py): for
 any input each returns its result or raises its documented error type, and keeps its invariants.
 Hypothesis draws mutations of the real fixtures, arbitrary bytes and, for msgpack, arbitrary nested
 values; derandomized and bounded so that `make test` spends a few seconds here. `make fuzz` runs the
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz_mutations import Target, check, mutate
-from tests.fuzz_targets import TARGETS
+from testkit.fuzz_mutations import Target, check, mutate
+from testkit.fuzz_targets import TARGETS
 
 EXAMPLES = 100
 _targets: dict[str, Target] = {}
@@ -78,7 +78,7 @@ def test_the_seeds_themselves_pass() -> None:
             assert check(t, seed) is None, (name, check(t, seed))
 
 
-# -- regressions: inputs that crashed a target, found by tests/fuzz.py ------------------------------------
+# -- regressions: inputs that crashed a target, found by tests/lib/testkit/fuzz.py ------------------------------------
 
 
 def _pack(*values: float) -> bytes:

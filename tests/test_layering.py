@@ -1,68 +1,80 @@
-"""The pipeline's imports point one way: collectors → core ← analyses ← sinks (architecture §2).
+"""The pipeline's imports point one way, the path of a file says its layer, and every file has one name.
 
-Every module of the four packages is put in a layer by its name; the AST of each is walked for every
-`kvscope.*` import, at module level and inside functions, and each must point at a layer its own may
-use. A new module that fits no layer fails the test until it is placed. A second test runs the
-sidecar's path in a fresh interpreter and checks what it actually imported.
+Layers are folders (architecture §2): a module's layer is read off its path, never off a list of names.
+The AST of each module is walked for every `kvscope.*` import, at module level and inside functions, and
+each must point at a layer its own may use. The one-identity rule: nothing in the package, the tests,
+the benches or the scripts imports a package folder by its bare name (`agent.…`, `collectors.…`), and
+the suite cannot make those names importable. A last test runs the sidecar's path in a fresh interpreter
+and checks what it actually imported.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent", "collectors", "exporters", "dashboards")
+from testkit.paths import ROOT
 
-CORE = {f"kvscope.agent.{name}" for name in (
-    "pipeline", "readings", "records", "catalogue", "contract", "tiers", "store", "scheduler", "scheduler_jobs",
-    "scheduler_threads", "config", "binding", "http_server", "http_connection", "http_messages", "basic_auth",
-    "webconfig", "extras", "logs", "kv_access", "signals",
-)} | {"kvscope.agent"}
-COMPOSITION = {f"kvscope.agent.{name}" for name in ("wiring", "cli", "flags", "preflight")}
-TOOLS = ("kvscope.agent.reference", "kvscope.agent.selftest", "kvscope.agent.analyze")
+# where each import name lives: pyproject.toml's package-dir mapping, as the wheel is built
+MAPPING: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+BARE = tuple(sorted({folder for folder in MAPPING.values()}))  # agent, collectors, dashboards, exporters, package
+
+# path prefix (in the tree) -> layer; the longest prefix wins
+LAYERS = {
+    "package": "root",
+    "package/__main__.py": "composition",
+    "agent/__init__.py": "core",
+    "agent/core": "core",
+    "agent/config": "base",
+    "agent/http": "base",
+    "agent/runtime": "base",
+    "collectors": "collector",
+    "agent/analyses": "analysis",
+    "exporters": "sink",
+    "dashboards": "dashboards",
+    "agent/app": "composition",
+    "agent/tools": "tools",
+}
 
 # layer -> the layers it may import
 ALLOWED = {
+    "root": {"root"},
     "core": {"core", "root"},
-    "collector": {"core", "collector", "root"},
-    "analysis": {"core", "analysis"},
-    "sink": {"core", "analysis", "sink"},
-    "dashboards": {"core", "dashboards"},
-    "composition": {"core", "collector", "analysis", "sink", "composition", "root"},
-    "tools": {"core", "collector", "analysis", "sink", "composition", "tools", "root"},
+    "base": {"core", "base", "root"},
+    "collector": {"core", "base", "collector", "root"},
+    "analysis": {"core", "base", "analysis", "root"},
+    "sink": {"core", "base", "analysis", "sink", "root"},
+    "dashboards": {"core", "dashboards", "root"},
+    "composition": {"core", "base", "collector", "analysis", "sink", "composition", "root"},
+    "tools": {"core", "base", "collector", "analysis", "sink", "composition", "tools", "root"},
 }
+TOOLS_PREFIX = "kvscope.agent.tools"
 
 
-def layer(module: str) -> str | None:
-    if module == "kvscope":
-        return "root"
-    if module in CORE:
-        return "core"
-    if module in COMPOSITION:
-        return "composition"
-    if module.startswith(TOOLS):
-        return "tools"
-    for prefix, name in (("kvscope.agent.correlation", "analysis"), ("kvscope.agent.whatif", "analysis"),
-                         ("kvscope.collectors", "collector"),
-                         ("kvscope.exporters", "sink"), ("kvscope.dashboards", "dashboards")):
-        if module == prefix or module.startswith(prefix + "."):
-            return name
-    return None
+def layer_of_path(rel: str) -> str | None:
+    best = max((prefix for prefix in LAYERS if rel == prefix or rel.startswith(prefix + "/")), key=len, default=None)
+    return None if best is None else LAYERS[best]
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the package, by its one import name, from the mapping."""
     out = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(("kvscope", *parts))
-            out[name.removesuffix(".__init__")] = path
+    for package, folder in MAPPING.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            out[".".join(parts).removesuffix(".__init__")] = path
     return out
+
+
+def layer(module: str, known: dict[str, Path]) -> str | None:
+    path = known.get(module)
+    return None if path is None else layer_of_path(path.relative_to(ROOT).as_posix())
 
 
 def imports_of(path: Path, known: set[str]) -> set[str]:
@@ -70,45 +82,97 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("kvscope")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvscope"):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "kvscope"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kvscope":
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
                 found.add(candidate if candidate in known else node.module)
     return found
 
 
+def bare_imports_of(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of a package folder by its bare name (`agent.core.store`), which only works from the tree."""
+    wrong = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        wrong += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in BARE]
+    return wrong
+
+
 def test_every_module_has_a_layer() -> None:
-    unplaced = sorted(name for name in modules() if layer(name) is None)
-    assert not unplaced, f"put these modules in a layer in {Path(__file__).name}: {unplaced}"
+    unplaced = sorted(str(p.relative_to(ROOT)) for p in modules().values()
+                      if layer_of_path(p.relative_to(ROOT).as_posix()) is None)
+    assert not unplaced, f"give these folders a layer in LAYERS ({Path(__file__).name}): {unplaced}"
 
 
 def test_imports_point_one_way() -> None:
-    known = set(modules()) | {"kvscope"}
+    known = modules()
     wrong = []
-    for name, path in sorted(modules().items()):
-        own = layer(name)
+    for name, path in sorted(known.items()):
+        own = layer(name, known)
         assert own is not None
-        for target in sorted(imports_of(path, known)):
-            target_layer = layer(target)
+        for target in sorted(imports_of(path, set(known))):
+            target_layer = layer(target, known)
             if target_layer not in ALLOWED[own]:
                 wrong.append(f"{name} ({own}) imports {target} ({target_layer})")
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_checker_sees_a_wrong_direction(tmp_path: Path) -> None:
-    """The walk finds an import inside a function, the kind a careless fix would add."""
+    """The walk finds an import inside a function, the kind a careless fix would add, and the layer of a
+    module comes from its folder."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from kvscope.agent.correlation import engine\n    return engine\n")
-    assert imports_of(bad, {"kvscope.agent.correlation.engine"}) == {"kvscope.agent.correlation.engine"}
+    bad.write_text("def f():\n    from kvscope.agent.analyses.correlation import analysis\n    return analysis\n")
+    target = "kvscope.agent.analyses.correlation.analysis"
+    assert imports_of(bad, {target}) == {target}
+    assert layer(target, modules()) == "analysis"
     assert "analysis" not in ALLOWED["collector"]
+    assert layer_of_path("collectors/new_family/new_source.py") == "collector"
+    assert layer_of_path("agent/new_folder/x.py") is None
+
+
+def test_no_file_imports_a_package_folder_by_its_bare_name() -> None:
+    files = [p for folder in (*BARE, "tests", "bench", "scripts") for p in (ROOT / folder).rglob("*.py")]
+    assert len(files) > 300
+    wrong = [line for path in sorted(files) for line in bare_imports_of(path)]
+    assert not wrong, "import these as kvscope.…:\n" + "\n".join(wrong)
+
+
+def test_the_bare_import_checker_sees_one(tmp_path: Path) -> None:
+    source = "def f():\n    import collectors.host.disk\n    from agent.core.store import Store\n"
+    (tmp_path / "x.py").write_text(source)
+    found = [line.split(": ")[1] for line in bare_imports_of(tmp_path / "x.py", tmp_path)]
+    assert sorted(found) == ["agent.core.store", "collectors.host.disk"]
+
+
+def test_the_suite_cannot_import_the_folders_by_their_bare_names() -> None:
+    """Neither this process (pytest, importlib mode, tests/lib on the path) nor a child started from the
+    repository root, as tests start `kvscope run` and `python -c`, can import `agent` and the others."""
+    assert [name for name in BARE if importlib.util.find_spec(name) is not None] == []
+    probe = f"import importlib.util; print([n for n in {list(BARE)!r} if importlib.util.find_spec(n)])"
+    for argv in ([sys.executable, "-c", probe], [sys.executable, "-m", "kvscope", "version"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() in ("[]", f"kvscope {__import__('kvscope').__version__}"), proc.stdout
+
+
+def test_one_file_one_module() -> None:
+    """The module kvscope's code runs is the file in the tree (installed editable: a link to it; from a
+    wheel: a copy of it), by one name."""
+    import kvscope.agent.core.store as store
+
+    path, tree = Path(store.__file__), ROOT / "agent" / "core" / "store.py"
+    assert path.resolve() == tree.resolve() or (path.parts[-4:] == ("kvscope", "agent", "core", "store.py")
+                                                 and path.read_bytes() == tree.read_bytes())
+    assert [name for name in sys.modules if name.split(".")[0] in BARE] == []
 
 
 SIDECAR = """
 import sys
-from kvscope.agent.cli import build_parser
-from kvscope.agent.config import load_config
-from kvscope.agent.wiring import build_agent, components
+from kvscope.agent.app.cli import build_parser
+from kvscope.agent.config.settings import load_config
+from kvscope.agent.app.wiring import build_agent, components
 build_parser(["run"])
 config = load_config("[exporters.prometheus]\\nlisten = '127.0.0.1:0'\\n", components(), environ={})
 agent = build_agent(config)
@@ -123,5 +187,5 @@ def test_the_sidecar_path_loads_no_reference_selftest_or_analyze() -> None:
     proc = subprocess.run([sys.executable, "-c", SIDECAR], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stdout.split()
-    assert "kvscope.agent.correlation.engine" in loaded and "kvscope.collectors.disk" in loaded
-    assert not [m for m in loaded if m.startswith(TOOLS)], loaded
+    assert "kvscope.agent.analyses.correlation.analysis" in loaded and "kvscope.collectors.host.disk" in loaded
+    assert not [m for m in loaded if m.startswith(TOOLS_PREFIX)], loaded

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from testkit.paths import ROOT
 
 
 def test_readme_generated_sections_are_current() -> None:

@@ -1,0 +1,215 @@
+"""TTFT attribution: TTFT = queue + fetch + offload + prefill + other, per window and per request.
+
+vLLM's definitions (shared/facts/vllm.md §1.2, §3), which fix where fetch and offload time hide:
+
+- TTFT            = first output − arrival, measured in the frontend;
+- queue time      = first SCHEDULED − QUEUED, in the engine core;
+- prefill time    = first token − first SCHEDULED (preemptions during prefill included).
+
+A KV load the connector performs *synchronously* (in the step) sits inside prefill time. A load it
+performs *asynchronously* keeps the request in WAITING_FOR_REMOTE_KVS, and the SCHEDULED event is only
+recorded once the load has finished (vllm/v1/core/sched/scheduler.py: the `load_kv_async` branch
+`continue`s before `record_event(SCHEDULED)`), so the load sits inside queue time. vLLM's
+OffloadingConnector answers `get_num_new_matched_tokens` with `(hits, True)`: asynchronous, so
+`fetch_inside="queue"` is the vLLM default. A connector that loads in the step (layer-wise LMCache)
+wants `"prefill"`.
+
+Offload (storing KV down a tier, evicting to make room) is the same question for the other direction.
+vLLM's OffloadingConnector defers each store to the start of the next engine step and runs it on its own
+stream, so it sits in no request's phases (`offload_inside="none"`, the default: no offload component).
+An engine that stores synchronously inside the step (the reference engine evicts G1 → G2 while it
+schedules a request) has its store time inside the prefill phase (`"prefill"`). So, per window:
+
+    fetch   = connector load time + tiering read time              (measured: transfer seconds)
+    offload = store time of the links leaving G1                   (measured; estimated from bytes / the
+              link's bandwidth where the engine counts bytes only) — only when offload sits in prefill
+    queue   = queue_time − fetch          if fetch sits in queue   (derived), else queue_time (measured)
+    prefill = prefill_time − fetch − offload   for what sits there (derived), else prefill_time (measured)
+    other   = TTFT − queue_time − prefill_time                     (derived; the remainder)
+
+`other` is never negative: when measured parts exceed TTFT it is 0 and the excess is reported as
+`negative_remainder`; fetch (offload) that does not fit in what is left of the phase that should contain
+it is capped and the excess reported as `fetch_overflow` (`offload_overflow`). So Σ components = TTFT +
+negative_remainder, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from kvscope.agent.analyses.correlation.costmodel import PrefillCostModel
+from kvscope.agent.core.records import COMPONENTS, Attribution, Method, Part, RequestRecord
+
+FetchInside = Literal["queue", "prefill"]
+OffloadInside = Literal["prefill", "none"]
+__all__ = ["COMPONENTS", "FetchInside", "OffloadInside", "WindowTotals", "attribute_request", "attribute_window",
+           "compute_sample", "estimate_fetch", "measured_fetch"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTotals:
+    """Sums over one window of one engine's series; None where the engine does not report it."""
+
+    ttft: float
+    queue: float | None
+    prefill: float | None
+    fetch: float | None
+    offload: float | None = None  # store seconds of the links leaving G1
+    offload_method: Method = "measured"  # "estimated" when it came from bytes over a bandwidth
+
+
+def _finish(ttft: float, parts: dict[str, Part], **errors: float) -> Attribution:
+    explained = sum(p.seconds for p in parts.values())
+    remainder = ttft - explained
+    parts["other"] = Part(max(0.0, remainder), "derived")
+    return Attribution(ttft, parts, negative_remainder=max(0.0, -remainder), **errors)
+
+
+def _carve(parts: dict[str, Part], container: str, component: str, seconds: float, method: Method) -> float:
+    """Take `seconds` of `component` out of the measured phase `container`; returns the overflow."""
+    phase = parts[container].seconds
+    taken = min(seconds, phase)
+    parts[container] = Part(phase - taken, "derived" if taken > 0 else parts[container].method)
+    parts[component] = Part(taken, method)
+    return seconds - taken
+
+
+def attribute_window(totals: WindowTotals, fetch_inside: FetchInside,
+                     offload_inside: OffloadInside = "none") -> Attribution:
+    """Aggregate attribution of one window's sums (module docstring has the derivation)."""
+    parts: dict[str, Part] = {}
+    if totals.queue is not None:
+        parts["queue"] = Part(totals.queue, "measured")
+    if totals.prefill is not None:
+        parts["prefill"] = Part(totals.prefill, "measured")
+    overflow = offload_overflow = 0.0
+    if totals.fetch is not None:
+        if fetch_inside in parts:
+            overflow = _carve(parts, fetch_inside, "fetch", totals.fetch, "measured")
+        else:  # the phase that would contain it is not reported: fetch comes out of the remainder
+            parts["fetch"] = Part(totals.fetch, "measured")
+    if totals.offload is not None and offload_inside == "prefill":
+        if "prefill" in parts:
+            offload_overflow = _carve(parts, "prefill", "offload", totals.offload, totals.offload_method)
+        else:
+            parts["offload"] = Part(totals.offload, totals.offload_method)
+    return _finish(totals.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
+
+
+def estimate_fetch(
+    record: RequestRecord,
+    seconds_for: Callable[[str, float], float | None],
+    bytes_per_token: Callable[[str], float | None],
+) -> float | None:
+    """Σ_t bytes_t/BW_t + L_t over the tiers the record read from; None when any tier is unknown.
+
+    A tier's measured seconds win over the model; bytes come from the record or tokens × bytes/token.
+    A record that reused tokens without saying from which tier has no estimate (they may be G1 hits).
+    """
+    if not record.fetches:
+        return 0.0 if record.cached_tokens == 0 else None
+    total = 0.0
+    for fetch in record.fetches:
+        if fetch.seconds is not None:
+            total += fetch.seconds
+            continue
+        moved = fetch.bytes
+        if moved is None:
+            per_token = bytes_per_token(fetch.tier)
+            if per_token is None:
+                return None
+            moved = fetch.tokens * per_token
+        modelled = seconds_for(fetch.tier, moved)
+        if modelled is None:
+            return None
+        total += modelled
+    return total
+
+
+def measured_fetch(record: RequestRecord) -> float | None:
+    if record.fetch_seconds is not None:
+        return record.fetch_seconds
+    if record.fetches and all(f.seconds is not None for f in record.fetches):
+        return sum(f.seconds or 0.0 for f in record.fetches)
+    if record.cached_tokens == 0:
+        return 0.0  # nothing reused, nothing fetched: a known zero
+    return None
+
+
+def attribute_request(
+    record: RequestRecord,
+    model: PrefillCostModel,
+    fetch_estimate: float | None,
+    fetch_inside: FetchInside,
+) -> Attribution:
+    """Per-request attribution; `fetch_estimate` is the tier model's Σ bytes/BW + L (or None).
+
+    A record's measured offload is, by its definition, inside the prefill phase: it is carved from there
+    first, whatever the engine's aggregate setting says.
+    """
+    parts: dict[str, Part] = {}
+    if record.queue is not None:
+        parts["queue"] = Part(record.queue, "measured")
+    if record.prefill is not None:
+        parts["prefill"] = Part(record.prefill, "measured")
+    phases = set(parts)  # the phases the source measured, that fetch and offload can be carved from
+    fetch = measured_fetch(record)
+    fetch_method: Method = "measured"
+    new, ctx = record.new_tokens, record.cached_tokens
+    compute_estimate = model.compute(new, ctx or 0) if new is not None and model.known else None
+    overflow = estimate_overflow = offload_overflow = 0.0
+
+    if record.offload_seconds is not None:
+        if "prefill" in phases:
+            offload_overflow = _carve(parts, "prefill", "offload", record.offload_seconds, "measured")
+        else:
+            parts["offload"] = Part(record.offload_seconds, "measured")
+
+    if "prefill" in phases and fetch_inside == "prefill" and fetch is None and compute_estimate is not None:
+        # the measured prefill (less its offload) split by the model: compute estimated, fetch the rest
+        measured = parts["prefill"].seconds
+        compute = min(compute_estimate, measured)
+        estimate_overflow = compute_estimate - compute
+        parts["prefill"] = Part(compute, "estimated")
+        parts["fetch"] = Part(measured - compute, "derived")
+        return _finish(record.ttft, parts, estimate_overflow=estimate_overflow, offload_overflow=offload_overflow)
+
+    if fetch is None and fetch_estimate is not None:
+        fetch, fetch_method = fetch_estimate, "estimated"
+    if "prefill" not in parts and compute_estimate is not None:
+        parts["prefill"] = Part(compute_estimate, "estimated")  # a client record: no server phases
+    if fetch is not None:
+        if fetch_inside in phases:
+            overflow = _carve(parts, fetch_inside, "fetch", fetch, fetch_method)
+        else:
+            parts["fetch"] = Part(fetch, fetch_method)
+    return _finish(record.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
+
+
+def compute_sample(
+    record: RequestRecord, fetch_inside: FetchInside, ttft_when_no_prefill: bool = False
+) -> tuple[int, int, float] | None:
+    """(new, ctx, seconds of pure compute) when the record pins its compute time down, else None.
+
+    Pure compute is measured prefill with the fetch and offload inside it removed: an async-load engine's
+    prefill time is pure compute once a measured offload (if any) is taken out; a sync-load engine's,
+    once a measured (or known-zero) fetch is too. A client record without phases counts only if allowed
+    (`ttft_when_no_prefill`) and the request was cold — TTFT then also holds queueing, so it suits
+    unloaded sweeps like the seeds'.
+    """
+    new, ctx = record.new_tokens, record.cached_tokens
+    if new is None or ctx is None or new <= 0:
+        return None
+    if record.prefill is not None:
+        spent = record.prefill - (record.offload_seconds or 0.0)
+        if fetch_inside == "prefill":
+            fetch = measured_fetch(record)
+            if fetch is None:
+                return None
+            spent -= fetch
+        return (new, ctx, spent) if spent > 0 else None
+    if ttft_when_no_prefill and ctx == 0:
+        return new, 0, record.ttft - (record.queue or 0.0)
+    return None

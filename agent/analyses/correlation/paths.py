@@ -1,0 +1,93 @@
+"""Tier paths: series selectors naming a tier's path in the store, e.g. `kvscope_fs_read_bytes_total{mount="/gpfs"}`.
+
+The PromQL subset: a catalogued metric name and optional `label="value"` equality matchers. Every
+series of the metric whose labels match is summed as traffic on the path, and `PathWatch` compares
+that traffic with the KV bytes the engine moved on the tier.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvscope.agent.analyses.correlation import cross_layer as signals
+from kvscope.agent.analyses.correlation import metrics as m
+from kvscope.agent.core.store import Store
+
+if TYPE_CHECKING:
+    from kvscope.agent.analyses.correlation.aggregate import WindowSummary
+    from kvscope.agent.analyses.correlation.options import CorrelationOptions
+    from kvscope.agent.analyses.correlation.state import Deltas, Outputs
+
+_SELECTOR = re.compile(r'^\s*([a-z_][a-z0-9_]*)\s*(?:\{(.*)\})?\s*$')
+_MATCHER = re.compile(r'\s*([a-z_][a-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+@dataclass(frozen=True, slots=True)
+class PathSelector:
+    name: str
+    matchers: tuple[tuple[str, str], ...]
+
+    def matches(self, label_names: tuple[str, ...], values: tuple[str, ...]) -> bool:
+        labels = dict(zip(label_names, values, strict=False))
+        return all(labels.get(k) == v for k, v in self.matchers)
+
+
+def parse_selector(text: str) -> PathSelector:
+    match = _SELECTOR.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a series selector like kvscope_fs_read_bytes_total{{mount=\"/gpfs\"}}")
+    body, matchers = (match.group(2) or "").strip(), []
+    pos = 0
+    while pos < len(body):
+        m = _MATCHER.match(body, pos)
+        if m is None:
+            raise ValueError(f"{text!r}: expected label=\"value\" at {body[pos:]!r}")
+        matchers.append((m.group(1), re.sub(r'\\(.)', r'\1', m.group(2))))
+        pos = m.end()
+    return PathSelector(match.group(1), tuple(matchers))
+
+
+class PathWatch:
+    """Noisy neighbour and saturation per tier path (correlation.md §5): each window's traffic on the
+    path's series against the KV bytes the engine moved on that tier, compared with a quiet baseline."""
+
+    def __init__(self, options: CorrelationOptions, store: Store, outputs: Outputs, deltas: Deltas) -> None:
+        self._o, self._store, self._out, self._deltas = options, store, outputs, deltas
+        self._selectors = {t: [parse_selector(s) for s in sel] for t, sel in options.paths.items()}
+        self._baselines: dict[str, deque[signals.PathWindow]] = defaultdict(
+            lambda: deque(maxlen=options.baseline_windows))
+        self._peaks: dict[str, float] = defaultdict(float)
+        self._thresholds = signals.Thresholds(options.near_peak, options.bandwidth_drop, options.kv_share_fall,
+                                              options.saturated)
+
+    def step(self, window: WindowSummary, dt: float) -> None:
+        for tier, selectors in self._selectors.items():
+            total = 0.0
+            for selector in selectors:
+                spec = self._store.catalogue.get(selector.name)
+                if spec is None:
+                    continue
+                for labels, value in self._store.values(selector.name).items():
+                    if selector.matches(spec.labels, labels):
+                        total += self._deltas.step(("path", selector.name, labels), value, from_zero=False)
+            seconds = window.onboard_seconds.get(tier, 0.0)
+            current = signals.PathWindow(
+                total / dt, window.tier_bytes.get(tier, 0.0) / dt,
+                window.onboard_bytes.get(tier, 0.0) / seconds if seconds > 0 else None,
+                window.fetch / window.ttft if window.ttft > 0 else None)
+            self._peaks[tier] = max(self._peaks[tier], current.path_bps)
+            peak = self._o.path_capacity_bytes_per_second.get(tier) or self._peaks[tier]
+            verdict = signals.assess_path(current, self._baselines[tier], peak, self._thresholds)
+            if not (verdict.noisy_neighbour or verdict.saturated) and current.path_bps > 0:
+                self._baselines[tier].append(current)
+            gauges = self._out.gauges
+            for name, ratio in ((m.PATH_UTILISATION, verdict.utilisation),
+                                (m.BANDWIDTH_DROP, verdict.bandwidth_drop),
+                                (m.NON_KV_SHARE, verdict.non_kv_share)):
+                if ratio is not None:
+                    gauges[(name, (tier,))] = ratio
+            gauges[(m.NOISY_NEIGHBOUR, (tier,))] = float(verdict.noisy_neighbour)
+            gauges[(m.SATURATED, (tier,))] = float(verdict.saturated)

@@ -1,0 +1,1 @@
+"""Running the pipeline: the scheduler and its jobs, OS signals, log lines."""

@@ -1,0 +1,1 @@
+"""Tools the sidecar never loads: the reference tier pipeline, the self-test and demo, offline reports."""

@@ -1,0 +1,117 @@
+"""LMCache's `lmcache:*` series, on vLLM's /metrics or LMCache's internal API server (worker 0 on port 7000),
+normalised to the engine contract under `engine="lmcache"`.
+
+Facts: shared/facts/engines.md §2 (`lmcache/observability.py`). Labels `model_name`, `worker_id` (newer builds
+add `role`, `served_model_name`); `served_model_name` is preferred as the model (it is vLLM's `model_name`).
+`worker_id` is a tensor-parallel worker: each counts the same tokens for its slice of the KV, so token counts
+come from the lowest worker and byte counts and usages are summed over workers.
+
+- `num_hit_tokens` → `kvscope_kv_hit_tokens_total{tier=hit_tier}` (LMCache does not split hits by tier:
+  `unattributed` unless config names the tier) and `kvscope_connector_hit_tokens_total`;
+- `num_requested_tokens` → `kvscope_connector_lookup_tokens_total` (what vLLM's GPU cache missed);
+- `num_remote_read_bytes` / `_write_bytes` → `kvscope_kv_transfer_bytes_total` remote → G2 / G2 → remote, and
+  the `_sum` of `remote_time_to_get` / `_put` (histograms in **milliseconds**) → `kvscope_kv_transfer_seconds_total`;
+- `time_to_retrieve` / `time_to_store` (seconds) → `kvscope_kv_load_seconds` / `kvscope_kv_store_seconds`;
+- `local_cache_usage` / `local_storage_usage` / `remote_cache_usage` (bytes) → `kvscope_tier_used_bytes` of G2,
+  the local disk's tier (G3, or by `local_disk_dir`'s mount) and the remote tier (`remote_tier`, G4);
+- `retrieve_hit_rate`, `lookup_hit_rate` ("since last log") → `kvscope_engine_hit_ratio{tier="all"}`;
+- `num_prompt_tokens`, `num_vllm_hit_tokens` → lookups, prompt tokens and G1 hits, with `engine_totals` only.
+
+No double counting: vLLM's adapter already counts every prompt token and the G1 hits from vLLM's own series,
+so LMCache's copies of them are read only when LMCache's page is all there is (`engine_totals`). LMCache's hits
+are vLLM's connector hits (`external_prefix_cache_hits`), which the vLLM adapter reports as `unattributed`
+until its pending `connector` option leaves them to this adapter (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from kvscope.agent.core import contract as c
+from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
+from kvscope.collectors.engines.contract_map import Dialect, EngineNormaliser, HistogramRule, Rule
+from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
+from kvscope.collectors.scrape.exposition import Labels
+from kvscope.collectors.scrape.fetch import Fetcher
+from kvscope.collectors.sharedfs.placement import place_pool
+
+NAME = "lmcache"
+PREFIX = "lmcache:"
+POOL = "lmcache_local_disk"
+METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
+    c.CONNECTOR_LOOKUP_TOKENS, c.CONNECTOR_HIT_TOKENS, c.ENGINE_HIT_RATIO, c.KV_LOAD_SECONDS, c.KV_STORE_SECONDS,
+    c.TIER_PLACEMENT_INFO)))
+
+
+def dialect(hit_tier: str, disk_tier: str, remote_tier: str, engine_totals: bool) -> Dialect:
+    counters = [
+        Rule("num_hit_tokens_total", c.KV_HIT_TOKENS, (hit_tier,)),
+        Rule("num_hit_tokens_total", c.CONNECTOR_HIT_TOKENS),
+        Rule("num_requested_tokens_total", c.CONNECTOR_LOOKUP_TOKENS),
+        Rule("num_remote_read_bytes_total", c.KV_TRANSFER_BYTES, (remote_tier, "G2"), shards="sum"),
+        Rule("num_remote_write_bytes_total", c.KV_TRANSFER_BYTES, ("G2", remote_tier), shards="sum"),
+        Rule("remote_time_to_get_sum", c.KV_TRANSFER_SECONDS, (remote_tier, "G2"), unit="ms", shards="sum"),
+        Rule("remote_time_to_put_sum", c.KV_TRANSFER_SECONDS, ("G2", remote_tier), unit="ms", shards="sum"),
+    ]
+    if engine_totals:
+        counters += [Rule("num_prompt_tokens_total", c.KV_LOOKUP_TOKENS),
+                     Rule("num_prompt_tokens_total", c.PROMPT_TOKENS),
+                     Rule("num_vllm_hit_tokens_total", c.KV_HIT_TOKENS, ("G1",))]
+    gauges = (
+        Rule("local_cache_usage", c.TIER_USED_BYTES, ("G2",), shards="sum"),
+        Rule("local_storage_usage", c.TIER_USED_BYTES, (disk_tier,), shards="sum"),
+        Rule("remote_cache_usage", c.TIER_USED_BYTES, (remote_tier,), shards="sum"),
+        Rule("retrieve_hit_rate", c.ENGINE_HIT_RATIO, ("all", "lmcache:retrieve_hit_rate")),
+        Rule("lookup_hit_rate", c.ENGINE_HIT_RATIO, ("all", "lmcache:lookup_hit_rate")),
+    )
+    histograms = (HistogramRule("time_to_retrieve", c.KV_LOAD_SECONDS),
+                  HistogramRule("time_to_store", c.KV_STORE_SECONDS))
+    return Dialect((PREFIX,), tuple(counters), gauges, histograms)
+
+
+def lmcache_labels(labels: Labels) -> tuple[str, str, str]:
+    return labels.get("served_model_name") or labels.get("model_name", ""), "0", labels.get("worker_id", "0")
+
+
+@dataclass
+class LmcacheOptions(ScrapeOptions):
+    engine: str = "lmcache"  # urls: vLLM's /metrics, or LMCache's API server (http://127.0.0.1:7000/metrics)
+    hit_tier: Literal["unattributed", "G2", "G3", "G4"] = "unattributed"  # the tier of LMCache's hits, if one
+    remote_tier: Literal["G3", "G4"] = "G4"  # the remote backend (LMCache server, Redis, Mooncake, a shared FS)
+    local_disk_dir: str = ""  # the local_disk backend's path: its tier by the mount's type ("" = G3)
+    mountinfo: str = "self/mountinfo"  # below agent.proc_root unless absolute
+    engine_totals: bool = False  # also read prompt tokens and G1 hits (only when no vLLM adapter reads the engine)
+
+    def validate(self, path: str) -> None:
+        self.check_scrape(NAME)
+        if self.local_disk_dir and not os.path.isabs(self.local_disk_dir):
+            raise ValueError(f"local_disk_dir: must be an absolute path, got {self.local_disk_dir!r}")
+
+
+class LmcacheCollector(EngineCollector):
+    def __init__(self, options: LmcacheOptions, proc_root: str = "/proc", fetch: Fetcher | None = None) -> None:
+        placement = place_pool(options.local_disk_dir, proc_root, options.mountinfo)
+        table = dialect(options.hit_tier, placement.tier.value if placement else "G3", options.remote_tier,
+                        options.engine_totals)
+        normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
+        super().__init__(PageScraper(NAME, options.urls, (PREFIX,), table.wanted(),
+                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
+                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
+
+
+def _factory(options: LmcacheOptions, context: CollectorContext) -> LmcacheCollector:
+    return LmcacheCollector(options, context.proc_root)
+
+
+SPEC = CollectorSpec(
+    name=NAME,
+    description="LMCache lmcache:* series (connector lookups and hits, remote bytes and times, usage per backend, "
+                "retrieve/store times) on vLLM's /metrics or LMCache's API server",
+    options=LmcacheOptions,
+    factory=_factory,
+    metrics=METRICS,
+    enabled_by_default=False,
+    roots=("proc",),
+)

@@ -1,0 +1,119 @@
+"""SGLang's /metrics (`--enable-metrics`, the server port, default 30000), with HiCache's host and storage tiers,
+normalised to the engine contract. The table and its reasoning: collectors/engines/sglang_map.py."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvscope.agent.core import contract as c
+from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
+from kvscope.agent.core.tiers import Tier, parse_tier
+from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver
+from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
+from kvscope.collectors.engines.sglang_map import (
+    DEFAULT_BACKEND_TIERS,
+    PREFIXES,
+    dialect,
+    has_hicache,
+    sglang_labels,
+    storage_backends,
+)
+from kvscope.collectors.engines.vllm_map import USAGE_RATIO, TierTable
+from kvscope.collectors.engines.vllm_metrics import METRICS as VLLM_METRICS
+from kvscope.collectors.scrape.exposition import ScanResult
+from kvscope.collectors.scrape.fetch import Fetcher
+from kvscope.collectors.sharedfs.placement import place_pool
+
+NAME = "sglang"
+POOL = "sglang_hicache_file"
+METRICS = (*SCRAPE_METRICS, *(m for m in VLLM_METRICS if m.name == USAGE_RATIO),
+           *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
+               c.KV_TRANSFER_TOKENS, c.KV_TRANSFER_BANDWIDTH, c.ENGINE_HIT_RATIO, c.TIER_USED_TOKENS,
+               c.PREEMPTIONS, c.TIER_PLACEMENT_INFO)))
+
+
+@dataclass
+class SglangOptions(ScrapeOptions):
+    engine: str = "sglang"  # urls: e.g. http://127.0.0.1:30000/metrics
+    # storage backend (--hicache-storage-backend) → tier, over the defaults (file G3 or by file_storage_dir,
+    # hf3fs/mooncake/nixl/aibrix/eic G4, others unattributed); an entry given here wins
+    storage_backend_tiers: dict[str, str] = field(default_factory=dict)
+    # the `file` backend's directory (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR): its tier by the mount's type
+    file_storage_dir: str = ""
+    mountinfo: str = "self/mountinfo"  # below agent.proc_root unless absolute
+    # hits the page does not split by tier: auto = G1 without HiCache series on the page, else unattributed
+    unsplit_hits_tier: Literal["auto", "G1", "unattributed"] = "auto"
+    kv_bytes_per_token: int = 0  # the model's KV bytes per token, for bytes where SGLang counts only tokens
+
+    def validate(self, path: str) -> None:
+        self.check_scrape(NAME)
+        for backend, tier in self.storage_backend_tiers.items():
+            try:
+                parse_tier(tier)
+            except ValueError as exc:
+                raise ValueError(f"storage_backend_tiers.{backend}: {exc}") from None
+        if self.file_storage_dir and not os.path.isabs(self.file_storage_dir):
+            raise ValueError(f"file_storage_dir: must be an absolute path, got {self.file_storage_dir!r}")
+        if self.kv_bytes_per_token < 0:
+            raise ValueError("kv_bytes_per_token: must be >= 0 (0 = unknown)")
+
+
+class SglangNormaliser:
+    """Per page: whether HiCache is on and which storage backend it names decide the unsplit and storage tiers."""
+
+    def __init__(self, options: SglangOptions, file_tier: str = "G3") -> None:
+        self._options = options
+        self._backends = TierTable({**DEFAULT_BACKEND_TIERS, "file": file_tier, **options.storage_backend_tiers})
+        self._token_bytes = float(options.kv_bytes_per_token) or None
+        self._unsplit = "G1"
+        self._normalisers: dict[str, EngineNormaliser] = {}
+        sources = {"device": "G1", "host": "G2"}
+
+        def cache_source(value: str) -> tuple[tuple[str, ...], int]:
+            if value.startswith("storage_"):
+                return (self._backends(value[len("storage_"):]),), 0
+            return (sources.get(value, self._unsplit),), 0
+
+        self._resolvers: dict[str, Resolver] = {
+            "cache_source": cache_source,
+            "prefill_compute": lambda v: ((), 0) if v == "prefill_compute" else None,
+            "kv_pool": lambda v: ((), 0) if v in ("", "kv") else None,
+        }
+
+    def normalise(self, page: ScanResult) -> Normalised:
+        option = self._options.unsplit_hits_tier
+        self._unsplit = option if option != "auto" else ("unattributed" if has_hicache(page) else "G1")
+        backends = sorted(storage_backends(page))
+        storage = self._backends(backends[0]) if len(backends) == 1 else Tier.UNATTRIBUTED.value
+        normaliser = self._normalisers.get(storage)
+        if normaliser is None:
+            normaliser = self._normalisers[storage] = EngineNormaliser(
+                self._options.engine, dialect(storage), sglang_labels, self._resolvers)
+        return normaliser.normalise(page, {"token_bytes": self._token_bytes})
+
+
+class SglangCollector(EngineCollector):
+    def __init__(self, options: SglangOptions, proc_root: str = "/proc", fetch: Fetcher | None = None) -> None:
+        placement = place_pool(options.file_storage_dir, proc_root, options.mountinfo)
+        normaliser = SglangNormaliser(options, placement.tier.value if placement else "G3")
+        super().__init__(PageScraper(NAME, options.urls, PREFIXES, dialect("G3").wanted(),
+                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
+                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
+
+
+def _factory(options: SglangOptions, context: CollectorContext) -> SglangCollector:
+    return SglangCollector(options, context.proc_root)
+
+
+SPEC = CollectorSpec(
+    name=NAME,
+    description="SGLang /metrics, both prefixes (hits per tier from cached_tokens' cache_source, HiCache host and "
+                "storage moves, TTFT/queue, capacities)",
+    options=SglangOptions,
+    factory=_factory,
+    metrics=METRICS,
+    enabled_by_default=False,
+    roots=("proc",),
+)

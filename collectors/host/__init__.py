@@ -1,0 +1,1 @@
+"""Host sources: block devices, network interfaces, RDMA ports, the agent's own process."""

@@ -1,0 +1,293 @@
+"""The KV-event subscriber's socket thread: ZMQ sockets, a receive queue bounded in bytes, replay requests.
+
+One SUB socket per data-parallel rank. The thread receives messages as they come and processes them one
+at a time from its own queue; between two messages (at most every DRAIN_EVERY seconds of processing) and
+while it waits for a replay, it moves whatever ZMQ has received into the queue. Memory is bounded in bytes:
+
+- ZMQ's MAXMSGSIZE: a frame larger than `max_message_bytes` makes ZMQ drop the connection. ZMQ takes
+  that for a protocol error and does not reconnect by itself, so a monitor socket watches each SUB and
+  connects it again after any disconnection; the batches lost with the connection show as a gap;
+- ZMQ's own queue holds at most `rcvhwm` messages, so at most rcvhwm × max_message_bytes; when it is
+  full ZMQ stops reading the TCP connection and the publisher's queue takes the rest (vLLM's PUB drops
+  beyond its `hwm`, which shows as a gap);
+- our queue holds at most `max_queue_bytes`: a message that does not fit is dropped at once and counted
+  in its stream's `shed` (the queue always takes one message, whatever its size);
+- a replay is read one batch at a time (ZMQ's queue for it again holds at most rcvhwm messages).
+
+So a flood costs at most about max_queue_bytes + 2 × rcvhwm × max_message_bytes of payload, and every
+batch it loses is counted: at once when our queue drops it, as a gap when a later batch is processed.
+
+Processing a message (`handle`) and checking a quiet stream's tail (`check_tail`) are the collector's;
+this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from kvscope.collectors.kv_events.schema import END_SEQ
+from kvscope.collectors.kv_events.sequence import Stream, log_once
+
+DRAIN_EVERY = 0.001  # seconds of processing between two moves of ZMQ's queue into ours
+DRAIN_LIMIT = 256  # messages moved per socket and drain: a flood must not keep the thread from processing
+POLL_MS = 100  # the longest the thread sleeps without looking at stop() and quiet streams
+# While messages keep coming, the thread looks at its sockets once per window instead of waking for each
+# message: one wake-up then serves the messages of the whole window (on a busy 2-core VM a thread wake-up
+# costs 100-200 µs of CPU, as much as handling a batch of 16 events). A stream is steady when a look found
+# more than one message, or came within STEADY_GAP of the look before that found some; the window is then
+# as long as half of ZMQ's queue (rcvhwm messages) takes to fill at the rate seen, within MIN_WINDOW and
+# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. A stream faster
+# than that (a window of MIN_WINDOW) is waited for, and its messages gather for MIN_WINDOW behind the
+# first one that wakes the thread, so that a thread that has caught up wakes when the next one comes. There
+# is no pause when messages came while the thread was handling (it is behind: a pause would make the
+# publisher drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that
+# finds nothing ends the windows (the thread waits on the sockets again).
+MIN_WINDOW = 0.002
+MAX_WINDOW = 0.050
+STEADY_GAP = 0.050
+
+
+def steady_window(seconds_per_message: float, rcvhwm: int) -> float:
+    """The pause between two looks at a steady stream: the time half of ZMQ's queue takes to fill."""
+    return min(MAX_WINDOW, max(MIN_WINDOW, seconds_per_message * rcvhwm / 2))
+
+# A message's frames: views of ZMQ's frames (received with copy=False: no copy, and `.more` is an attribute
+# where pyzmq's recv_multipart asks ZMQ for RCVMORE through two Python layers, which costs twice the whole
+# receive), or bytes (replays, tests).
+Frames = Sequence[bytes | memoryview]
+Handle = Callable[[Stream, Frames], None]
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    topic: bytes
+    rcvhwm: int  # messages in ZMQ's own queue per socket
+    max_message_bytes: int  # ZMQ MAXMSGSIZE, per frame
+    max_queue_bytes: int  # our queue, all ranks together
+    replay_timeout: float  # seconds without a reply before a replay is given up (5 x that in all)
+    tail_check_after: float  # seconds of quiet before a stream's tail is checked through replay
+
+
+class Receiver:
+    """Runs in the collector's socket thread (`run`); `replay` is called from `handle` on that thread."""
+
+    def __init__(self, ctx: zmq.Context[Any], streams: list[Stream], options: SocketOptions, handle: Handle,
+                 check_tail: Callable[[Stream], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._ctx = ctx
+        self._streams = streams
+        self.options = options
+        self._handle = handle
+        self._check_tail = check_tail
+        self._clock = clock
+        self._queue: deque[tuple[Stream, Frames, int]] = deque()
+        self._queued = 0
+        self.max_queued = 0  # the most bytes the queue held (for tests and the docs' bound)
+        self._socks: dict[zmq.Socket[Any], Stream] = {}
+        self._monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], Stream]] = {}
+        self.reconnects = 0  # connections we made again after ZMQ dropped them
+        self._poller = zmq.Poller()
+        self._last_message: dict[int, float] = {}  # rank -> clock() of its last message
+
+    def _configure(self, sock: zmq.Socket[Any]) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.options.rcvhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes)
+
+    def run(self, stop: threading.Event, ready: threading.Event) -> None:
+        try:
+            for stream in self._streams:
+                sock = self._ctx.socket(zmq.SUB)
+                self._configure(sock)
+                sock.setsockopt(zmq.SUBSCRIBE, self.options.topic)
+                self._socks[sock] = stream
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self._monitors[monitor] = (sock, stream)
+                sock.connect(stream.endpoint)
+                self._poller.register(sock, zmq.POLLIN)
+                self._poller.register(monitor, zmq.POLLIN)
+                self._last_message[stream.rank] = self._clock()
+            ready.set()
+            self._loop(stop)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for monitor, (sock, _) in self._monitors.items():
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+                monitor.close(0)
+            for sock in self._socks:
+                sock.close(0)
+
+    def _loop(self, stop: threading.Event) -> None:
+        queue = self._queue
+        next_drain = 0.0
+        last_look = -1.0  # clock() when a look last found messages
+        window = 0.0  # > 0 while the stream is steady: the pause between two looks
+        came = 0  # messages taken while handling since the last look that found some (for the rate)
+        while not stop.is_set():
+            if queue:
+                stream, frames, size = queue.popleft()
+                self._queued -= size
+                stream.queued_bytes -= size
+                self._handle(stream, frames)
+                now = self._clock()
+                if now >= next_drain:
+                    came += self._drain_ready(0)
+                    next_drain = now + DRAIN_EVERY
+                continue
+            got = self._drain_ready(0)  # what came while handling: no pause, the thread is behind
+            if got == 0 and window > MIN_WINDOW:  # a steady stream: one look per window, handling included
+                pause = last_look + window - self._clock()
+                if pause > 0:
+                    time.sleep(pause)  # let this window's messages gather; one look takes them all
+                got = self._drain_ready(0)
+            elif got == 0:
+                got = self._drain_ready(self._poll_ms())  # wait for the next message
+                if got and window:  # a fast stream: let the shortest window's messages gather behind it
+                    time.sleep(MIN_WINDOW)
+            if got == 0:
+                window = 0.0
+                self._check_quiet()
+                continue
+            now = self._clock()  # the rate: what came since the last look, taken by it or while handling
+            window = self._window(got, came + got, now - last_look)
+            last_look, came = now, 0
+
+    def _window(self, got: int, came: int, gap: float) -> float:
+        """The pause before the next look, after one that found `got` messages, `came` of them in all
+        (those moved while handling included) `gap` seconds after the last look that found any: 0 (wait
+        on the sockets, or no pause when ZMQ's queue was full), or the time half of ZMQ's queue takes to
+        fill at that rate (MIN_WINDOW..MAX_WINDOW)."""
+        rcvhwm = self.options.rcvhwm
+        if got >= rcvhwm or (came <= 1 and gap >= STEADY_GAP):
+            return 0.0
+        return steady_window(gap / came, rcvhwm)
+
+    def _poll_ms(self) -> int:
+        """Sleep until a message comes, or the next quiet stream is due for a tail check."""
+        due = [self._last_message[s.rank] + self.options.tail_check_after for s in self._streams
+               if s.replay and s.expected is not None and s.tail_checked != s.expected]
+        if not due:
+            return POLL_MS
+        return max(0, min(POLL_MS, int((min(due) - self._clock()) * 1000) + 1))
+
+    def _drain_ready(self, timeout_ms: int) -> int:
+        """Move what the sockets hold into the queue; returns how many messages came (0: none within
+        `timeout_ms`, or only a socket event)."""
+        events = self._poller.poll(timeout_ms)
+        moved = 0
+        for sock, _ in events:
+            stream = self._socks.get(sock)
+            if stream is not None:
+                moved += self._drain(sock, stream)
+            else:
+                moved += self._reconnect(sock)
+        return moved
+
+    def _reconnect(self, monitor: zmq.Socket[Any]) -> int:
+        """A SUB lost its connection. After a protocol error (a frame over MAXMSGSIZE) ZMQ would leave it
+        disconnected for good; after any other, it is reconnecting already. Either way, start over: one
+        disconnect and connect leaves exactly one connection attempt behind. What the old connection
+        delivered is read first: disconnect() discards a pipe's unread messages, and a batch lost that way
+        before the first one read would pass for a late join instead of a gap. Returns the messages read."""
+        sock, stream = self._monitors[monitor]
+        recv_monitor_message(monitor)
+        moved = 0
+        while (n := self._drain(sock, stream)) > 0:
+            moved += n
+            if n < DRAIN_LIMIT:
+                break
+        with contextlib.suppress(zmq.ZMQError):  # ZMQ may have forgotten the endpoint already
+            sock.disconnect(stream.endpoint)
+        sock.connect(stream.endpoint)
+        self.reconnects += 1
+        log_once(stream, "reconnect", "the connection to the publisher dropped (it went away, or sent a "
+                 f"frame over max_message_bytes={self.options.max_message_bytes}); connecting again")
+        return moved
+
+    def _drain(self, sock: zmq.Socket[Any], stream: Stream) -> int:
+        queue = self._queue
+        limit = self.options.max_queue_bytes
+        self._last_message[stream.rank] = self._clock()
+        recv = sock.recv
+        for n in range(DRAIN_LIMIT):
+            try:
+                frame = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return n
+            frames = [frame.buffer]
+            while frame.more:  # ZMQ delivers a message whole: its other frames are there
+                frame = recv(zmq.NOBLOCK, copy=False)
+                frames.append(frame.buffer)
+            size = sum(map(len, frames))
+            if queue and self._queued + size > limit:
+                stream.shed += 1  # counted now; a gap in the sequence numbers shows it again later
+                continue
+            queue.append((stream, frames, size))
+            self._queued += size
+            stream.queued_bytes += size
+            if self._queued > self.max_queued:
+                self.max_queued = self._queued
+        return DRAIN_LIMIT
+
+    def _check_quiet(self) -> None:
+        now = self._clock()
+        for stream in self._streams:
+            if now - self._last_message[stream.rank] >= self.options.tail_check_after:
+                self._check_tail(stream)
+
+    def replay(self, stream: Stream, start: int, stop: int | None,
+               malformed: Callable[[Stream, str], None]) -> Iterator[tuple[int, bytes]]:
+        """(seq, payload) of batches start..stop-1 (stop None: all it has) from vLLM's replay ROUTER.
+
+        A fresh DEALER sends `[b"", start_seq8]` and reads `[b"", topic, seq8, payload]` (vLLM >= 0.26) or
+        `[b"", seq8, payload]` (<= 0.25) until the end marker; a REQ socket would keep only the first reply.
+        Live messages keep being queued meanwhile. Gives up after replay_timeout seconds without a reply
+        or 5 x replay_timeout in all."""
+        sock = self._ctx.socket(zmq.DEALER)
+        self._configure(sock)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        for live in self._socks:
+            poller.register(live, zmq.POLLIN)
+        timeout = self.options.replay_timeout
+        try:
+            sock.connect(stream.replay)
+            sock.send_multipart([b"", start.to_bytes(8, "big")])
+            give_up = self._clock() + 5 * timeout
+            quiet_until = self._clock() + timeout
+            while True:
+                now = self._clock()
+                wait = min(quiet_until, give_up) - now
+                if wait <= 0:
+                    log_once(stream, "replay-timeout", f"replay from {stream.replay} timed out")
+                    return
+                ready = dict(poller.poll(int(wait * 1000) + 1))
+                for live in self._socks:
+                    if live in ready:
+                        self._drain(live, self._socks[live])
+                if sock not in ready:
+                    continue
+                quiet_until = self._clock() + timeout
+                frames = sock.recv_multipart()
+                if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != 8:
+                    malformed(stream, f"replay reply of {len(frames)} frames")
+                    continue
+                seq_bytes, payload = frames[-2], frames[-1]
+                if seq_bytes == END_SEQ or not payload:
+                    return
+                seq = int.from_bytes(seq_bytes, "big")
+                yield seq, payload
+                if stop is not None and seq >= stop - 1:
+                    return  # the rest of the buffer will arrive live
+        finally:
+            sock.close(0)

@@ -1,0 +1,1 @@
+"""Per-request sources: OTLP trace spans from the engine, AIPerf's exports."""
