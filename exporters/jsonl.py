@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from kvscope.agent.config.settings import JsonlSection
 from kvscope.agent.core.catalogue import counter
+from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec
 from kvscope.agent.core.records import ERROR_KINDS, AttributedRequest
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import ATTRIBUTED_REQUESTS, StreamUse
 
 log = logging.getLogger("kvscope.jsonl")
 
@@ -87,3 +90,16 @@ class JsonlSink:
             now = self._wall()
             self._store.bump(LINES_WRITTEN, (), written, now)
             self._store.bump(WRITE_ERRORS, (), failed, now)
+
+
+def build(section: JsonlSection, inputs: SinkInputs) -> list[Sink]:
+    return [JsonlSink(section.path, inputs.store, wall_clock=inputs.wall_clock)] if section.enabled else []
+
+
+SPEC = SinkSpec(
+    name="jsonl",
+    description="each attributed request as one JSON line, appended to a file",
+    factory=build,
+    metrics=METRICS,
+    streams=StreamUse(offers={ATTRIBUTED_REQUESTS: lambda sink: sink}),
+)

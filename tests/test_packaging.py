@@ -172,7 +172,7 @@ def test_the_sdist_installs_and_runs(sdist_venv: Path, unpacked_sdist: Path, tmp
 def test_tests_run_from_the_unpacked_sdist(sdist_venv: Path, unpacked_sdist: Path) -> None:
     """A slice of the suite (the layering, the core, a collector family) from the archive, against the
     installed wheel: the tests, their helpers and fixtures are all in the sdist."""
-    proc = _run(sdist_venv, ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layering.py",
+    proc = _run(sdist_venv, ["python", "-m", "pytest", "-p", "no:cacheprovider", "tests/test_layering.py",
                              "tests/agent/core", "tests/collectors/host"], unpacked_sdist, 300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1]

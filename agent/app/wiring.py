@@ -1,12 +1,13 @@
 """The wiring: from a Config to a running agent. The one place that builds and connects the pipeline.
 
-sources (collectors) → store → analyses → sinks. Shared objects are made here and handed to their
-users as typed constructor arguments: the request-record buffer (OTLP receiver → correlation
-analysis, sized by `analyses.correlation.record_buffer`), the GPU busy intervals (NVML collector, or
-whatever the caller passes, → correlation analysis), the request sinks (correlation analysis →
-JSON Lines, OTLP traces, and the latest requests the what-if analysis reads) and, with the what-if
-analysis on, the KV access log (KV-event collector → what-if analysis; its profile route goes on the
-/metrics server). Nothing on this path imports the reference pipeline, the self-test or the
+sources (collectors) → store → analyses → sinks. Every stage comes from its spec (collectors/registry.py,
+the analyses' SPECs, exporters/registry.py); what passes between stages beside the store is a typed
+stream (agent/core/streams.py) that each spec declares it writes, reads or offers, and the wiring
+connects them from those declarations alone: the request-record buffer (OTLP receiver → correlation
+analysis, sized by `analyses.correlation.record_buffer`), the KV access log (KV-event collector → what-if
+analysis, made only when both are on), the GPU busy intervals (the NVML collector, or whatever the caller
+passes), the receivers of attributed requests (JSON Lines, OTLP traces, the what-if analysis), the routes
+served beside /metrics. Nothing on this path imports the reference pipeline, the self-test or the
 offline reports, nor the OpenTelemetry SDK unless an OTLP exporter is enabled (the `otlp` extra).
 """
 
@@ -15,44 +16,36 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from kvscope import __version__
 from kvscope.agent.analyses.correlation.analysis import SPEC as CORRELATION_SPEC
-from kvscope.agent.analyses.correlation.options import CorrelationOptions
 from kvscope.agent.analyses.whatif.analysis import SPEC as WHATIF_SPEC
-from kvscope.agent.analyses.whatif.analysis import WhatIfAnalysis
-from kvscope.agent.config import extras
-from kvscope.agent.config.settings import Config, ConfigError, parse_listen
+from kvscope.agent.config.settings import Config, ConfigError
 from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue, MetricSpec
 from kvscope.agent.core.contract import CONTRACT_METRICS
-from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.pipeline import (
     Analysis,
     AnalysisInputs,
     Collector,
     CollectorContext,
     Components,
-    GpuIntervals,
-    RequestSink,
     Sink,
+    SinkInputs,
 )
-from kvscope.agent.core.records import RecentRequests, RecordBuffer
+from kvscope.agent.core.records import RecordBuffer
 from kvscope.agent.core.store import Store
-from kvscope.agent.http.webconfig import load_web_config
+from kvscope.agent.core.streams import GPU_INTERVALS, REQUEST_RECORDS, STREAMS, GpuIntervals, Streams, StreamUse
 from kvscope.agent.runtime.scheduler import Scheduler, analysis_job, collector_job
-from kvscope.collectors.gpu.nvml import NvmlCollector
 from kvscope.collectors.registry import collector_specs
-from kvscope.exporters import jsonl
-from kvscope.exporters.jsonl import JsonlSink
-from kvscope.exporters.otlp import settings as otlp_settings
-from kvscope.exporters.prometheus import server as metrics_http
 from kvscope.exporters.prometheus.server import MetricsServer
+from kvscope.exporters.registry import sink_specs
 
-KV_EVENTS = "vllm_kv_events"  # the collector whose access stream the what-if analysis replays
 log = logging.getLogger("kvscope.wiring")
-SINK_METRICS: tuple[MetricSpec, ...] = (*jsonl.METRICS, *otlp_settings.METRICS, *metrics_http.METRICS)
+SINKS = sink_specs()
+SINK_METRICS: tuple[MetricSpec, ...] = tuple(metric for spec in SINKS.values() for metric in spec.metrics)
 
 
 def components() -> Components:
@@ -77,9 +70,19 @@ class Agent:
     scheduler: Scheduler
     collectors: dict[str, Collector]
     analyses: dict[str, Analysis]
-    request_records: RecordBuffer
-    server: MetricsServer | None
-    sinks: list[Sink] = field(default_factory=list)  # the server included, when enabled
+    streams: Streams
+    sinks: list[Sink] = field(default_factory=list)  # in start order: the /metrics server last
+    sinks_by_spec: dict[str, list[Sink]] = field(default_factory=dict)
+
+    @property
+    def server(self) -> MetricsServer | None:
+        """The /metrics server, when `[exporters.prometheus]` enables it."""
+        built = self.sinks_by_spec.get("prometheus")
+        return cast(MetricsServer, built[0]) if built else None
+
+    @property
+    def request_records(self) -> RecordBuffer | None:
+        return self.streams.get(REQUEST_RECORDS)
 
     def start(self) -> None:
         self.store.set_gauge("kvscope_build_info", (__version__,), 1.0, time.time())
@@ -121,84 +124,64 @@ def build_agent(
     the standard OTEL_* variables (the process environment by default)."""
     parts = components() if parts is None else parts
     store = Store(build_catalogue(parts), stale_after=config.agent.stale_after)
-    correlation = config.analyses.get(CORRELATION_SPEC.name)
-    capacity = correlation[1].record_buffer if correlation is not None else CorrelationOptions().record_buffer
-    records = RecordBuffer(capacity)
-    # the what-if analysis' inputs: the KV-event collector's sampled G1 accesses, the latest attributed requests
-    whatif = config.analyses.get(WHATIF_SPEC.name)
-    enabled = frozenset(name for name, (settings, _) in config.collectors.items() if settings.enabled)
-    kv_access = (KvAccessLog(whatif[1].queue_blocks)
-                 if whatif is not None and whatif[0].enabled and KV_EVENTS in enabled else None)
-    recent = RecentRequests(whatif[1].requests) if kv_access is not None and whatif is not None else None
-    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock, records, enabled,
-                               kv_access)
+    enabled_collectors = {name: (parts.collectors[name], options)
+                          for name, (settings, options) in config.collectors.items() if settings.enabled}
+    enabled_analyses = {name: (parts.analyses[name], options)
+                        for name, (settings, options) in config.analyses.items() if settings.enabled}
+    sections = {name: getattr(config.exporters, name) for name in SINKS}
+    streams = Streams()
+    if gpu_intervals is not None:
+        streams.offer(GPU_INTERVALS, gpu_intervals)  # offered first: it is the one readers get
+    make_streams(streams, [*((spec.streams, options) for spec, options in enabled_collectors.values()),
+                           *((spec.streams, options) for spec, options in enabled_analyses.values()),
+                           *((spec.streams, sections[name]) for name, spec in SINKS.items())])
 
     # readers of the store (the /metrics server, the OTLP exporter) go through the scheduler: the host
     # collectors run when read (agent.collect_on_read)
     scheduler = Scheduler(store, [], max_backoff=config.agent.max_backoff, clock=clock, wall_clock=wall_clock)
+    context = CollectorContext(config.agent.proc_root, config.agent.sys_root, clock, wall_clock,
+                               frozenset(enabled_collectors), streams)
     collectors: dict[str, Collector] = {}
-    for name, (settings, options) in config.collectors.items():
-        if settings.enabled:
-            spec = parts.collectors[name]
-            collectors[name] = spec.factory(options, context)
-            scheduler.add(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name),
-                                        spec.on_read and config.agent.collect_on_read))
-    nvml = collectors.get("nvml")
-    if gpu_intervals is None and isinstance(nvml, NvmlCollector):
-        gpu_intervals = nvml
-
-    sinks: list[Sink] = []
-    request_sinks: list[RequestSink] = []
-    if config.exporters.jsonl.enabled:
-        writer = JsonlSink(config.exporters.jsonl.path, store, wall_clock=wall_clock)
-        sinks.append(writer)
-        request_sinks.append(writer)
-    environ = os.environ if environ is None else environ
-    otlp = otlp_settings.resolve(config.exporters.otlp, environ)
-    if otlp.metrics is not None or otlp.traces is not None:
-        sinks.extend(_otlp_sinks(otlp, store, request_sinks, environ, wall_clock, scheduler.refresh))
-    if recent is not None:
-        request_sinks.append(recent)
-    inputs = AnalysisInputs(store, records, gpu_intervals, tuple(request_sinks), wall_clock, kv_access, recent)
+    for name, (spec, options) in enabled_collectors.items():
+        collectors[name] = spec.factory(options, context)
+        _offer(streams, spec.streams, [collectors[name]])
+        scheduler.add(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name),
+                                    spec.on_read and config.agent.collect_on_read))
+    inputs = AnalysisInputs(store, streams, wall_clock)
     analyses: dict[str, Analysis] = {}
-    for name, (settings, options) in config.analyses.items():
-        if settings.enabled:
-            analyses[name] = parts.analyses[name].factory(options, inputs)
-            scheduler.add(analysis_job(name, analyses[name], config.interval_of(name), config.timeout_of(name)))
+    for name, (aspec, options) in enabled_analyses.items():
+        analyses[name] = aspec.factory(options, inputs)
+        _offer(streams, aspec.streams, [analyses[name]])
+        scheduler.add(analysis_job(name, analyses[name], config.interval_of(name), config.timeout_of(name)))
+    sink_inputs = SinkInputs(store, streams, scheduler, wall_clock, os.environ if environ is None else environ)
+    sinks: list[Sink] = []
+    by_spec: dict[str, list[Sink]] = {}
+    for name, sspec in SINKS.items():
+        built = list(sspec.factory(sections[name], sink_inputs))
+        _offer(streams, sspec.streams, built)
+        sinks.extend(built)
+        if built:
+            by_spec[name] = built
+    return Agent(config, store, scheduler, collectors, analyses, streams, sinks, by_spec)
 
-    server = None
-    prom = config.exporters.prometheus
-    if prom.enabled:
-        host, port = parse_listen("exporters.prometheus.listen", prom.listen)
-        routes = {path: route for a in analyses.values() if isinstance(a, WhatIfAnalysis)
-                  for path, route in a.routes().items()}
-        server = MetricsServer(store, host, port, load_web_config(prom.web_config_file), prom.http, routes,
-                               scheduler=scheduler)
-        sinks.append(server)
-    return Agent(config, store, scheduler, collectors, analyses, records, server, sinks)
+
+def make_streams(streams: Streams, uses: Iterable[tuple[StreamUse, Any]]) -> None:
+    """Makes each buffer stream that an enabled stage writes and one reads (or that a writer alone needs),
+    at the largest size its readers ask for."""
+    uses = list(uses)
+    for stream in STREAMS:
+        if stream.make is None:
+            continue
+        written = any(stream in use.writes for use, _ in uses)
+        asked = [use.reads[stream] for use, _ in uses if stream in use.reads]
+        if written and (asked or not stream.needs_reader):
+            sizes = [size(options) for (use, options) in uses if (size := use.reads.get(stream)) is not None]
+            streams.make(stream, max(sizes, default=stream.default_size))
 
 
-def _otlp_sinks(settings: otlp_settings.OtlpSettings, store: Store, request_sinks: list[RequestSink],
-                environ: Mapping[str, str], wall_clock: Callable[[], float],
-                refresh: Callable[[], None]) -> list[Sink]:
-    """The OTLP metrics and trace exporters that are enabled; the SDK is imported only here."""
-    extras.require("otlp", "exporters.otlp")
-    from kvscope.exporters.otlp import sdk as otlp_sdk
-    from kvscope.exporters.otlp.metrics import OtlpMetricsSink, StoreMetrics
-    from kvscope.exporters.otlp.spans import AttributionSpans, OtlpTracesSink
-
-    resource, scope = otlp_sdk.resource(environ, __version__), otlp_sdk.scope(__version__)
-    out: list[Sink] = []
-    if settings.metrics is not None:
-        dest = settings.metrics
-        out.append(OtlpMetricsSink(store, StoreMetrics(store, resource, scope), otlp_sdk.metric_exporter(dest),
-                                   settings.interval, dest.timeout, wall_clock, refresh))
-        log.info("exporting %s every %g s", dest.describe(), settings.interval)
-    if settings.traces is not None:
-        dest = settings.traces
-        traces = OtlpTracesSink(store, AttributionSpans(resource, scope), otlp_sdk.span_exporter(dest),
-                                settings.queue_size, settings.batch_size, wall_clock)
-        out.append(traces)
-        request_sinks.append(traces)
-        log.info("exporting %s, one trace per attributed request", dest.describe())
-    return out
+def _offer(streams: Streams, use: StreamUse, built: Iterable[Any]) -> None:
+    for stage in built:
+        for stream, offered in use.offers.items():
+            value = offered(stage)
+            if value is not None:
+                streams.offer(stream, value)

@@ -7,9 +7,9 @@ collector already keeps a SHARDS sample of those stores (the blocks whose hash i
 use of each) for its reuse-distance histogram; it hands the same sampled keys to an `AccessStream`, and
 the what-if analysis replays them through models of the tier hierarchy at other sizes.
 
-Collectors and analyses may not import each other, so this is the typed object between them, made by
-the wiring and handed to the collector (`CollectorContext.kv_access`) and to the analysis
-(`AnalysisInputs.kv_access`), as the request-record buffer is.
+Collectors and analyses may not import each other, so this is the typed object between them: the stream
+`streams.KV_ACCESS`, which the KV-event collector's spec writes and the what-if analysis' spec reads; the
+wiring makes it only when both are enabled, sized by the analysis' `queue_blocks`.
 
 Cost on the collector's hot path, only when the what-if analysis is enabled: one `deque.append` of a
 batch marker per event batch and one `deque.extend` of the batch's sampled G1 keys (C, no Python loop

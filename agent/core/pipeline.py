@@ -9,6 +9,9 @@
   its own interval, timeout and health series, as it runs collectors.
 - A **sink** takes what the store and the analyses hold out of the process (`start()`/`stop()`):
   the Prometheus endpoint, the JSON Lines file. A `RequestSink` receives attributed requests.
+- What passes between stages beside the store (request records, KV block accesses, GPU intervals,
+  attributed requests, extra HTTP routes) is a typed stream (streams.py); each spec says in its
+  `StreamUse` which it writes, reads and offers, and the wiring connects them from that alone.
 - A collector or sink may have `reload()`: on SIGHUP it re-reads what can change without a restart (the
   HTTP servers' web config files), raising ConfigError and keeping what it had when that fails.
 
@@ -20,14 +23,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kvscope.agent.core.catalogue import MetricSpec
-from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.readings import Reading
-from kvscope.agent.core.records import AttributedRequest, RecentRequests, RecordBuffer
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import GpuIntervals, RequestSink, Streams, StreamUse
+
+__all__ = ["Analysis", "AnalysisInputs", "AnalysisSpec", "Collector", "CollectorContext", "CollectorSpec",
+           "Components", "GpuIntervals", "RequestSink", "Root", "Sink", "SinkInputs", "SinkSpec", "StoreReads"]
 
 Root = Literal["proc", "sys"]
 
@@ -44,12 +50,10 @@ class CollectorContext:
     sys_root: str = "/sys"
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
-    # where per-request sources (OTLP spans) put their records for the correlation analysis
-    request_records: RecordBuffer = field(default_factory=RecordBuffer)
     # the collectors config enables (engine autodetection stands down when an engine adapter is among them)
     enabled_collectors: frozenset[str] = frozenset()
-    # where the KV-event collector hands its sampled G1 accesses to the what-if analysis (None: it is off)
-    kv_access: KvAccessLog | None = None
+    # the streams its spec writes (StreamUse.writes): request records, KV block accesses
+    streams: Streams = field(default_factory=Streams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +71,7 @@ class CollectorSpec:
     # its readings are counters its source keeps (the kernel's): collected when read, not on a timer
     # (agent.collect_on_read, agent/runtime/scheduler.py)
     on_read: bool = False
-
-
-class GpuIntervals(Protocol):
-    """Recent busy/idle samples per GPU (the NVML collector, or the reference engine's device slot)."""
-
-    def gpus(self) -> dict[str, str]: ...
-    def recent_samples(self, gpu: str) -> list[tuple[float, float, float]]: ...
-
-
-class RequestSink(Protocol):
-    """Receives each window's attributed requests (called from the analysis' thread; must not block long)."""
-
-    def write(self, results: Sequence[AttributedRequest]) -> None: ...
+    streams: StreamUse = field(default_factory=StreamUse)
 
 
 class Analysis(Protocol):
@@ -91,13 +83,10 @@ class AnalysisInputs:
     """What the wiring hands every analysis factory."""
 
     store: Store
-    request_records: RecordBuffer
-    gpu_intervals: GpuIntervals | None = None
-    request_sinks: Sequence[RequestSink] = ()
+    # the streams its spec reads and writes: request records, GPU intervals, the receivers of attributed
+    # requests, KV block accesses
+    streams: Streams = field(default_factory=Streams)
     wall_clock: Callable[[], float] = time.time
-    # the KV-event collector's sampled G1 accesses, and the latest attributed requests (the what-if analysis)
-    kv_access: KvAccessLog | None = None
-    recent_requests: RecentRequests | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +99,46 @@ class AnalysisSpec:
     factory: Callable[[Any, AnalysisInputs], Analysis]
     metrics: tuple[MetricSpec, ...]
     enabled_by_default: bool = True
+    streams: StreamUse = field(default_factory=StreamUse)
 
 
 class Sink(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
+
+
+class StoreReads(Protocol):
+    """How a sink reads the store through the scheduler (agent/runtime/scheduler.py), so that collectors run
+    when read (agent.collect_on_read) have caught up first."""
+
+    inline_budget: float
+
+    def read(self, fn: Callable[[], Any], refresh: bool = True) -> Future[Any]: ...
+    def refresh(self) -> None: ...
+    def poke(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SinkInputs:
+    """What the wiring hands every sink factory."""
+
+    store: Store
+    streams: Streams = field(default_factory=Streams)
+    reads: StoreReads | None = None
+    wall_clock: Callable[[], float] = time.time
+    environ: Mapping[str, str] = field(default_factory=dict)  # where the OTEL_* variables are read
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    """A sink the agent can run: the `[exporters.NAME]` section it is configured by, a factory that builds
+    the sinks that section enables (none when it is off), and the metrics they emit."""
+
+    name: str
+    description: str
+    factory: Callable[[Any, SinkInputs], Sequence[Sink]]
+    metrics: tuple[MetricSpec, ...]
+    streams: StreamUse = field(default_factory=StreamUse)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ holds, is rejected before it touches the series and counted in `kvscope_store_in
 the series is left out of that collection, as if the source had not reported it, and continues from
 its last valid value.
 
-No history is kept: the exposition and the analyses read current values only (an analysis that
-needs rates keeps its own previous values).
+No history is kept: the exposition reads current values, and an analysis reads the store through a
+StoreReader (reader.py), which takes one consistent snapshot of the metrics it names per window and
+keeps the previous values its deltas need, for as long as the store holds each series.
 
 Each collector ("owner") owns the series it reports. Staleness follows what Prometheus does with a
 series that vanishes from a target:
@@ -57,6 +58,20 @@ class Series:
     hist_sum: float = 0.0
     last_raw_sum: float = 0.0
     render_cache: object = None  # owned by the exporter (pre-rendered name and labels)
+    # which making of this series it is (store-wide, increasing): a series forgotten and made again is a new
+    # one, and a reader's deltas start afresh (reader.py)
+    born: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSeries:
+    """One series as a snapshot sees it (Store.snapshot)."""
+
+    labels: LabelValues
+    value: float  # a gauge's value, a counter's total, a histogram's count
+    hist_sum: float  # a histogram's sum (0 for the others)
+    born: int
+    exported: bool  # False: held (its total continues if it comes back), but not in the exposition
 
 
 @dataclass(slots=True)
@@ -128,6 +143,8 @@ class Store:
         self._stale_after = stale_after
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, Series] = {}
+        self._by_name: dict[str, dict[LabelValues, Series]] = {}  # the same series, per metric
+        self._born = 0
         self._owners: dict[str, _Owner] = {}
         self._exported: set[SeriesKey] = set()
 
@@ -155,7 +172,7 @@ class Store:
                     result.invalid += 1
                     continue
                 if series is None:
-                    series = self._series[key] = Series(spec, reading.labels)
+                    series = self._make_locked(key, spec)
                 try:
                     if isinstance(reading, HistogramSample):
                         result.resets += self._apply_histogram(series, reading)
@@ -238,7 +255,7 @@ class Store:
             # exported all the same (an agent-internal series, or another owner reports it)
             for key in state.omitted.popleft():
                 if key not in self._exported:
-                    self._series.pop(key, None)
+                    self._forget_locked(key)
 
     def _series_for(self, key: SeriesKey) -> Series | None:
         series = self._series.get(key)
@@ -246,9 +263,21 @@ class Store:
             spec = self.catalogue.get(key[0])
             if spec is None or len(spec.labels) != len(key[1]):
                 return None
-            series = Series(spec, key[1])
-            self._series[key] = series
+            series = self._make_locked(key, spec)
         return series
+
+    def _make_locked(self, key: SeriesKey, spec: MetricSpec) -> Series:
+        self._born += 1
+        series = self._series[key] = Series(spec, key[1], born=self._born)
+        self._by_name.setdefault(key[0], {})[key[1]] = series
+        return series
+
+    def _forget_locked(self, key: SeriesKey) -> None:
+        if self._series.pop(key, None) is not None:
+            group = self._by_name[key[0]]
+            del group[key[1]]
+            if not group:
+                del self._by_name[key[0]]
 
     @staticmethod
     def _apply_scalar(series: Series, reading: Sample) -> int:
@@ -320,7 +349,16 @@ class Store:
     def values(self, name: str) -> dict[LabelValues, float]:
         """Current value of every exported series of a metric."""
         with self._lock:
-            return {k[1]: self._series[k].value for k in self._exported if k[0] == name}
+            exported = self._exported
+            return {labels: s.value for labels, s in self._by_name.get(name, {}).items() if (name, labels) in exported}
+
+    def snapshot(self, names: Iterable[str]) -> dict[str, list[HeldSeries]]:
+        """Every held series of these metrics, exported or not, under one hold of the lock: what a reader
+        sees of one window is one moment of the store (reader.py)."""
+        with self._lock:
+            exported = self._exported
+            return {name: [HeldSeries(labels, s.value, s.hist_sum, s.born, (name, labels) in exported)
+                           for labels, s in self._by_name.get(name, {}).items()] for name in names}
 
     def histogram(self, name: str, labels: LabelValues) -> tuple[tuple[float, ...], list[float], float, float]:
         """(bounds, cumulative counts, sum, count) of a held histogram series."""

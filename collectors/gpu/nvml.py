@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading
+from kvscope.agent.core.streams import GPU_INTERVALS, StreamUse
 from kvscope.collectors.gpu.calls import GpuLost, NvmlCalls, missing, text
 from kvscope.collectors.gpu.reads import GpuReader
 from kvscope.collectors.gpu.samples import METRICS, GpuState, gpu_readings
@@ -236,5 +237,7 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     enabled_by_default=True,
+    # its busy/idle samples are what fetch stall is measured against (a stand-in may be offered instead)
+    streams=StreamUse(offers={GPU_INTERVALS: lambda collector: collector}),
 )
 

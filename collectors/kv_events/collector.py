@@ -29,6 +29,7 @@ from kvscope.agent.core.contract import ENGINE_LABELS, KV_RESIDENT_BLOCKS, TIER_
 from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
+from kvscope.agent.core.streams import KV_ACCESS, StreamUse
 from kvscope.agent.core.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
 from kvscope.collectors.kv_events.schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
@@ -380,7 +381,7 @@ class VllmKvEventsCollector:
 
 
 def _factory(options: VllmKvEventsOptions, context: CollectorContext) -> VllmKvEventsCollector:
-    return VllmKvEventsCollector(options, None, context.clock, context.kv_access)
+    return VllmKvEventsCollector(options, None, context.clock, context.streams.get(KV_ACCESS))
 
 
 SPEC = CollectorSpec(
@@ -390,4 +391,6 @@ SPEC = CollectorSpec(
     factory=_factory,
     metrics=METRICS,
     enabled_by_default=False,
+    # with the what-if analysis on, the sampled G1 stores go to its access stream
+    streams=StreamUse(writes=(KV_ACCESS,)),
 )

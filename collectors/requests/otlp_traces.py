@@ -40,6 +40,7 @@ from kvscope.agent.core.catalogue import counter
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading, Sample
 from kvscope.agent.core.records import RecordBuffer, RequestRecord
+from kvscope.agent.core.streams import REQUEST_RECORDS, StreamUse
 from kvscope.agent.http.messages import Request, Response
 from kvscope.agent.http.server import HttpLimits, HttpServer
 from kvscope.agent.http.webconfig import WebConfig, load_web_config
@@ -322,7 +323,8 @@ class OtlpTracesReceiver:
 
 
 def build(options: OtlpTracesOptions, context: CollectorContext) -> OtlpTracesReceiver:
-    return OtlpTracesReceiver(options, context.request_records, load_web_config(options.web_config_file))
+    return OtlpTracesReceiver(options, context.streams.require(REQUEST_RECORDS),
+                              load_web_config(options.web_config_file))
 
 
 SPEC = CollectorSpec(
@@ -333,4 +335,5 @@ SPEC = CollectorSpec(
     factory=build,
     metrics=METRICS,
     enabled_by_default=False,
+    streams=StreamUse(writes=(REQUEST_RECORDS,)),
 )

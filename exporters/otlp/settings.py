@@ -16,10 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from kvscope import __version__
+from kvscope.agent.config import extras
 from kvscope.agent.config.binding import ConfigError
 from kvscope.agent.config.settings import OtlpSection
 from kvscope.agent.core.catalogue import counter
+from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import ATTRIBUTED_REQUESTS, StreamUse
 
 log = logging.getLogger("kvscope.otlp")
 
@@ -235,3 +239,45 @@ def resource_attributes(environ: Mapping[str, str], version: str,
     if service:
         attrs["service.name"] = service
     return attrs
+
+
+def build(section: OtlpSection, inputs: SinkInputs) -> list[Sink]:
+    """The OTLP metrics and trace exporters the settings enable; the SDK is imported only here, and only
+    when one is (the `otlp` extra)."""
+    settings = resolve(section, inputs.environ)
+    if settings.metrics is None and settings.traces is None:
+        return []
+    extras.require("otlp", "exporters.otlp")
+    from kvscope.exporters.otlp import sdk
+    from kvscope.exporters.otlp.metrics import OtlpMetricsSink, StoreMetrics
+    from kvscope.exporters.otlp.spans import AttributionSpans, OtlpTracesSink
+
+    store, wall_clock = inputs.store, inputs.wall_clock
+    refresh = inputs.reads.refresh if inputs.reads is not None else (lambda: None)
+    resource, scope = sdk.resource(inputs.environ, __version__), sdk.scope(__version__)
+    out: list[Sink] = []
+    if settings.metrics is not None:
+        dest = settings.metrics
+        out.append(OtlpMetricsSink(store, StoreMetrics(store, resource, scope), sdk.metric_exporter(dest),
+                                   settings.interval, dest.timeout, wall_clock, refresh))
+        log.info("exporting %s every %g s", dest.describe(), settings.interval)
+    if settings.traces is not None:
+        dest = settings.traces
+        out.append(OtlpTracesSink(store, AttributionSpans(resource, scope), sdk.span_exporter(dest),
+                                  settings.queue_size, settings.batch_size, wall_clock))
+        log.info("exporting %s, one trace per attributed request", dest.describe())
+    return out
+
+
+def _request_receiver(sink: Sink) -> Sink | None:
+    """The trace exporter takes attributed requests (it has `write`); the metrics exporter does not."""
+    return sink if callable(getattr(sink, "write", None)) else None
+
+
+SPEC = SinkSpec(
+    name="otlp",
+    description="OTLP export of the metrics and of each request's TTFT attribution as a trace (the otlp extra)",
+    factory=build,
+    metrics=METRICS,
+    streams=StreamUse(offers={ATTRIBUTED_REQUESTS: _request_receiver}),
+)

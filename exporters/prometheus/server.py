@@ -18,15 +18,17 @@ import asyncio
 import logging
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 
+from kvscope.agent.config.settings import PrometheusSection, parse_listen
 from kvscope.agent.core.catalogue import counter
+from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec, StoreReads
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import HTTP_ROUTES, Route, StreamUse
 from kvscope.agent.http.messages import Request, Response, text
 from kvscope.agent.http.server import DROP_REASONS, REFUSAL_REASONS, HttpLimits, HttpServer
 from kvscope.agent.http.webconfig import WebConfig, load_web_config
-from kvscope.agent.runtime.scheduler import Scheduler
 from kvscope.exporters.prometheus.exposition import TextRenderer
 
 log = logging.getLogger("kvscope.http")
@@ -47,7 +49,6 @@ METRICS = (
             "full (a new connection closed at once: every slot was serving a request).", "HTTP exporter"),
 )
 # a read-only document an analysis serves beside /metrics (the what-if profile): () -> (body, content type)
-Route = Callable[[], tuple[bytes, str]]
 
 _INDEX = b"""<html><head><title>kvscope</title></head><body><h1>kvscope</h1>
 <p><a href="/metrics">metrics</a></p></body></html>
@@ -59,7 +60,7 @@ class MetricsServer:
 
     def __init__(self, store: Store, host: str, port: int, web: WebConfig | None = None,
                  limits: HttpLimits | None = None, routes: Mapping[str, Route] | None = None,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: StoreReads | None = None) -> None:
         self.store = store
         self._counted = store.catalogue.get(REFUSED_TOTAL) is not None  # not in a bare store (tests, tools)
         self.routes = dict(routes or {})  # GET path -> document, behind the same TLS and auth as /metrics
@@ -159,3 +160,22 @@ def wants_openmetrics(accept: str) -> bool:
         elif (media == "text/plain" and version in _TEXT_VERSIONS) or media in ("text/*", "*/*"):
             best_text = max(best_text, q)
     return best_om > 0.0 and best_om >= best_text
+
+
+def build(section: PrometheusSection, inputs: SinkInputs) -> list[Sink]:
+    """The /metrics server, with every route the analyses offer beside it (the what-if profile)."""
+    if not section.enabled:
+        return []
+    host, port = parse_listen("exporters.prometheus.listen", section.listen)
+    routes = {path: route for offered in inputs.streams.every(HTTP_ROUTES) for path, route in offered.items()}
+    return [MetricsServer(inputs.store, host, port, load_web_config(section.web_config_file), section.http, routes,
+                          scheduler=inputs.reads)]
+
+
+SPEC = SinkSpec(
+    name="prometheus",
+    description="/metrics for Prometheus (text and OpenMetrics, gzip, TLS and basic auth from a web config)",
+    factory=build,
+    metrics=METRICS,
+    streams=StreamUse(reads={HTTP_ROUTES: None}),
+)

@@ -1,7 +1,8 @@
 """Aggregate attribution: each window's growth of the engine series, split into queue/fetch/offload/prefill/
 other.
 
-From the store: the TTFT, queue and prefill histogram sums, the onboard transfer seconds and bytes (fetch)
+From one window of the store (a StoreReader snapshot: growth since the last window, reset-aware, labels by
+name): the TTFT, queue and prefill histogram sums, the onboard transfer seconds and bytes (fetch)
 and the transfer seconds of the links leaving G1 (offload, for engines that store inside the step; a link
 the engine counts in bytes only is timed at the measured bandwidth of the reverse link, the same wire)
 (attribution.py has the arithmetic). It also feeds the tier fetch models from transfer totals and learns
@@ -16,11 +17,10 @@ from dataclasses import dataclass, field, replace
 
 from kvscope.agent.analyses.correlation import metrics as m
 from kvscope.agent.analyses.correlation.attribution import FetchInside, OffloadInside, WindowTotals, attribute_window
-from kvscope.agent.analyses.correlation.state import Deltas, Key, Models, Outputs, engine_key
+from kvscope.agent.analyses.correlation.state import Key, Models, Outputs, engine_key
 from kvscope.agent.core import contract
-from kvscope.agent.core.readings import LabelValues
+from kvscope.agent.core.reader import Window
 from kvscope.agent.core.records import Method
-from kvscope.agent.core.store import Store
 from kvscope.agent.core.tiers import Tier, link
 
 # Queue and prefill time are observed when a request finishes, its fetch while it runs: a fetch that does
@@ -47,10 +47,15 @@ class WindowSummary:
     tier_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
 
+# what the aggregate attribution reads of the store, every window
+METRICS = (contract.TTFT_SECONDS, contract.QUEUE_SECONDS, contract.PREFILL_SECONDS, contract.KV_TRANSFER_BYTES,
+           contract.KV_TRANSFER_SECONDS, contract.KV_HIT_TOKENS)
+
+
 class WindowAttribution:
-    def __init__(self, store: Store, models: Models, outputs: Outputs, deltas: Deltas,
+    def __init__(self, models: Models, outputs: Outputs,
                  fetch_inside: Callable[[str], FetchInside], offload_inside: Callable[[str], OffloadInside]) -> None:
-        self._store, self._models, self._out, self._deltas = store, models, outputs, deltas
+        self._models, self._out = models, outputs
         self._fetch_inside, self._offload_inside = fetch_inside, offload_inside
         # fetch (offload) waiting for its phase, windows waited
         self._fetch_carry: dict[Key, tuple[float, int]] = {}
@@ -58,81 +63,74 @@ class WindowAttribution:
         # windows held until their requests' queue and prefill time are observed: totals, counts, windows
         self._held: dict[Key, tuple[WindowTotals, _Counts, int]] = {}
 
-    def _hist_sum(self, name: str, labels: LabelValues) -> tuple[float, float] | None:
-        if labels not in self._store.values(name):
-            return None
-        _, _, total, count = self._store.histogram(name, labels)
-        return self._deltas.step((name, labels, "sum"), total), self._deltas.step((name, labels, "count"), count)
-
-    def step(self) -> WindowSummary:
-        store, models, window = self._store, self._models, WindowSummary()
+    def step(self, snapshot: Window) -> WindowSummary:
+        """One window of the store (a StoreReader's snapshot of METRICS) attributed."""
+        models, window = self._models, WindowSummary()
         fetch: dict[Key, float] = defaultdict(float)
         has_fetch: set[Key] = set()
         offload: dict[Key, float] = defaultdict(float)
         offload_method: dict[Key, str] = {}
         stores: list[tuple[Key, str, float]] = []  # untimed stores: (engine, destination tier, bytes)
-        seconds = store.values(contract.KV_TRANSFER_SECONDS)
-        for labels, total in store.values(contract.KV_TRANSFER_BYTES).items():
-            key, src, dst = engine_key(labels), labels[3], labels[4]
-            moved = self._deltas.step(("bytes", labels), total)
-            rate_moved = self._deltas.step(("rate", labels), total, from_zero=False)
-            window.tier_bytes[src] += rate_moved
-            window.tier_bytes[dst] += rate_moved
+        for moved in snapshot.series(contract.KV_TRANSFER_BYTES):
+            key, src, dst = engine_key(moved.labels.key), moved.labels["src"], moved.labels["dst"]
+            window.tier_bytes[src] += moved.rate_growth
+            window.tier_bytes[dst] += moved.rate_growth
             try:
                 onboard = link(src, dst).is_onboard
             except ValueError:
                 continue
+            timed = snapshot.get(contract.KV_TRANSFER_SECONDS, moved.labels.key)
             if not onboard and src == Tier.G1.value:  # a store leaving G1: offload
                 offload_method.setdefault(key, "measured")
-                if labels in seconds:
-                    offload[key] += self._deltas.step(("store_seconds", labels), seconds[labels])
+                if timed is not None:
+                    offload[key] += timed.growth
                 else:
-                    stores.append((key, dst, moved))
+                    stores.append((key, dst, moved.growth))
             if onboard and dst == Tier.G1.value:  # every fetched block crosses the last hop exactly once
-                models.token_bytes[key][0] += moved
-            if onboard and labels in seconds:
-                spent = self._deltas.step(("seconds", labels), seconds[labels])
-                fetch[key] += spent
+                models.token_bytes[key][0] += moved.growth
+            if onboard and timed is not None:
+                fetch[key] += timed.growth
                 has_fetch.add(key)
-                models.tier(key, src).observe_window(moved, spent)
-                window.onboard_bytes[src] += moved
-                window.onboard_seconds[src] += spent
-        for key, dst, moved in stores:  # timed at the reverse link's bandwidth (the same wire), if measured
-            bandwidth = models.tier(key, dst).effective_bandwidth if moved > 0 else None
-            if moved > 0 and bandwidth is None:
+                models.tier(key, src).observe_window(moved.growth, timed.growth)
+                window.onboard_bytes[src] += moved.growth
+                window.onboard_seconds[src] += timed.growth
+        for key, dst, size in stores:  # timed at the reverse link's bandwidth (the same wire), if measured
+            bandwidth = models.tier(key, dst).effective_bandwidth if size > 0 else None
+            if size > 0 and bandwidth is None:
                 offload_method.pop(key, None)  # a store the agent cannot time: no offload figure this window
                 continue
-            offload[key] += moved / bandwidth if bandwidth else 0.0
+            offload[key] += size / bandwidth if bandwidth else 0.0
             if key in offload_method:
                 offload_method[key] = "estimated"
-        hits = store.values(contract.KV_HIT_TOKENS)
-        for labels, total in hits.items():
-            if labels[3] in BELOW_G1:
-                models.token_bytes[engine_key(labels)][1] += self._deltas.step(("hits", labels), total)
+        reused: dict[Key, float] = defaultdict(float)
+        for hit in snapshot.series(contract.KV_HIT_TOKENS):
+            if hit.labels["tier"] in BELOW_G1:
+                key = engine_key(hit.labels.key)
+                models.token_bytes[key][1] += hit.growth
+                reused[key] += hit.rate_growth
         seen: set[Key] = set()
-        for labels in store.values(contract.TTFT_SECONDS):
+        for ttft in snapshot.series(contract.TTFT_SECONDS):
+            labels = ttft.labels.key
             key = engine_key(labels)
             seen.add(key)
-            ttft = self._hist_sum(contract.TTFT_SECONDS, labels)
-            assert ttft is not None
-            queue = self._hist_sum(contract.QUEUE_SECONDS, labels)
-            prefill = self._hist_sum(contract.PREFILL_SECONDS, labels)
+            queue = snapshot.get(contract.QUEUE_SECONDS, labels)
+            prefill = snapshot.get(contract.PREFILL_SECONDS, labels)
             carried, waited = self._fetch_carry.pop(key, (0.0, 0))
             offload_carried, offload_waited = self._offload_carry.pop(key, (0.0, 0))
             method: Method = "estimated" if offload_method.get(key) == "estimated" else "measured"
-            totals = WindowTotals(ttft[0], None if queue is None else queue[0],
-                                  None if prefill is None else prefill[0],
+            totals = WindowTotals(ttft.sum_growth, None if queue is None else queue.sum_growth,
+                                  None if prefill is None else prefill.sum_growth,
                                   fetch[key] + carried if key in has_fetch or carried else None,
                                   offload[key] + offload_carried if key in offload_method or offload_carried else None,
                                   method)
-            reused = sum(self._deltas.step(("reuse", lab), v, from_zero=False) for lab, v in hits.items()
-                         if lab[:3] == labels and lab[3] in BELOW_G1)
-            if ttft[1] > 0:
-                models.reused_per_request[key] = reused / ttft[1]
-            if (ttft[1] == 0 and ttft[0] == 0 and not fetch[key] and not carried and not offload[key]
+            if ttft.growth > 0:
+                models.reused_per_request[key] = reused[key] / ttft.growth
+            if (ttft.growth == 0 and ttft.sum_growth == 0 and not fetch[key] and not carried and not offload[key]
                     and not offload_carried and key not in self._held):
                 continue
-            held = self._hold(key, totals, _Counts(ttft[1], queue and queue[1], prefill and prefill[1]))
+            counts = _Counts(ttft.growth, None if queue is None else queue.growth,
+                             None if prefill is None else prefill.growth)
+            held = self._hold(key, totals, counts)
             if held is None:
                 continue
             attribution = attribute_window(held, self._fetch_inside(key[0]), self._offload_inside(key[0]))

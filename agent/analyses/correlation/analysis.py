@@ -1,7 +1,8 @@
 """The correlation analysis as the agent runs it: one window per `run()`.
 
-Each window, in order: the growth of the engine series in the store since the previous window is
-attributed (aggregate.py); the request records the sources left in the buffer are attributed one by one
+Each window, in order: one snapshot of the store's engine series (and the tier paths' series) is taken
+through a StoreReader (agent/core/reader.py), and their growth since the previous window is attributed
+(aggregate.py); the request records the sources left in the buffer are attributed one by one
 and handed to the request sinks (per_request.py); the break-even bandwidths are recomputed from the
 fitted models; the tier paths are assessed (paths.py) and fetch stall counted (stall.py). It returns
 readings of its own catalogued metrics only (metrics.py); with no inputs it returns nothing.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvscope.agent.analyses.correlation import metrics as m
+from kvscope.agent.analyses.correlation.aggregate import METRICS as AGGREGATE_METRICS
 from kvscope.agent.analyses.correlation.aggregate import WindowAttribution, WindowSummary
 from kvscope.agent.analyses.correlation.attribution import FetchInside, OffloadInside
 from kvscope.agent.analyses.correlation.counterfactuals import breakeven_bandwidth
@@ -19,11 +21,13 @@ from kvscope.agent.analyses.correlation.options import CorrelationOptions
 from kvscope.agent.analyses.correlation.paths import PathWatch
 from kvscope.agent.analyses.correlation.per_request import RequestAttribution
 from kvscope.agent.analyses.correlation.stall import StallTracker
-from kvscope.agent.analyses.correlation.state import Deltas, Models, Outputs
+from kvscope.agent.analyses.correlation.state import Models, Outputs
 from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec, GpuIntervals, RequestSink
+from kvscope.agent.core.reader import StoreReader
 from kvscope.agent.core.readings import Reading
 from kvscope.agent.core.records import RecordBuffer
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import ATTRIBUTED_REQUESTS, GPU_INTERVALS, REQUEST_RECORDS, StreamUse
 
 
 class CorrelationEngine:
@@ -32,10 +36,12 @@ class CorrelationEngine:
                  sinks: Sequence[RequestSink] = ()) -> None:
         self._o = options
         self._records, self._wall = records, wall_clock
-        self._models, self._out, self._deltas = Models(options), Outputs(), Deltas()
-        self._window = (WindowAttribution(store, self._models, self._out, self._deltas, self._fetch_inside,
-                                          self._offload_inside) if store is not None else None)
-        self._paths = PathWatch(options, store, self._out, self._deltas) if store is not None else None
+        self._models, self._out = Models(options), Outputs()
+        self._window = WindowAttribution(self._models, self._out, self._fetch_inside, self._offload_inside)
+        self._paths = PathWatch(options, self._out)
+        # one snapshot of what both read, each window (no store: records only)
+        self._reader = (StoreReader(store, (*AGGREGATE_METRICS, *self._paths.metrics(store.catalogue)))
+                        if store is not None else None)
         self._requests = RequestAttribution(self._models, self._out, self._fetch_inside,
                                             options.fit_ttft_when_no_prefill, sinks)
         self._stall = StallTracker(gpu_intervals, options.stall_settle_seconds, self._out)
@@ -44,22 +50,22 @@ class CorrelationEngine:
     @property
     def reads_host_series(self) -> bool:
         """Its tier paths read host collectors' series: the scheduler refreshes them before each window."""
-        return self._paths is not None and bool(self._o.paths)
+        return self._reader is not None and bool(self._o.paths)
 
     def run(self) -> list[Reading]:
         now = self._wall()
         dt = None if self._last_now is None else now - self._last_now
         self._last_now = now
-        window = self._window.step() if self._window is not None else WindowSummary()
+        snapshot = self._reader.window() if self._reader is not None else None
+        window = self._window.step(snapshot) if snapshot is not None else WindowSummary()
         if self._records is not None:
             self._stall.add(self._requests.step(self._records.drain()))
             if self._records.received:
                 self._out.counters[(m.RECORDS_DROPPED, ())] = float(self._records.dropped)
         self._breakeven()
-        if self._paths is not None and dt and dt > 0:
-            self._paths.step(window, dt)
+        if snapshot is not None and dt and dt > 0:
+            self._paths.step(snapshot, window, dt)
         self._stall.step(now)
-        self._deltas.end_window()
         return self._out.readings()
 
     def _fetch_inside(self, engine: str) -> FetchInside:
@@ -106,8 +112,9 @@ class CorrelationEngine:
 
 
 def build(options: CorrelationOptions, inputs: AnalysisInputs) -> CorrelationEngine:
-    return CorrelationEngine(options, inputs.store, inputs.request_records, inputs.gpu_intervals,
-                             inputs.wall_clock, inputs.request_sinks)
+    streams = inputs.streams
+    return CorrelationEngine(options, inputs.store, streams.get(REQUEST_RECORDS), streams.get(GPU_INTERVALS),
+                             inputs.wall_clock, streams.every(ATTRIBUTED_REQUESTS))
 
 
 SPEC = AnalysisSpec(
@@ -118,4 +125,6 @@ SPEC = AnalysisSpec(
     factory=build,
     metrics=m.METRICS,
     enabled_by_default=True,
+    streams=StreamUse(reads={REQUEST_RECORDS: lambda options: options.record_buffer, GPU_INTERVALS: None},
+                      writes=(ATTRIBUTED_REQUESTS,)),
 )

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvscope.agent.analyses.correlation import cross_layer as signals
 from kvscope.agent.analyses.correlation import metrics as m
-from kvscope.agent.core.store import Store
+from kvscope.agent.core.catalogue import Catalogue
+from kvscope.agent.core.reader import Window
 
 if TYPE_CHECKING:
     from kvscope.agent.analyses.correlation.aggregate import WindowSummary
     from kvscope.agent.analyses.correlation.options import CorrelationOptions
-    from kvscope.agent.analyses.correlation.state import Deltas, Outputs
+    from kvscope.agent.analyses.correlation.state import Outputs
 
 _SELECTOR = re.compile(r'^\s*([a-z_][a-z0-9_]*)\s*(?:\{(.*)\})?\s*$')
 _MATCHER = re.compile(r'\s*([a-z_][a-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -30,8 +32,7 @@ class PathSelector:
     name: str
     matchers: tuple[tuple[str, str], ...]
 
-    def matches(self, label_names: tuple[str, ...], values: tuple[str, ...]) -> bool:
-        labels = dict(zip(label_names, values, strict=False))
+    def matches(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in self.matchers)
 
 
@@ -54,8 +55,8 @@ class PathWatch:
     """Noisy neighbour and saturation per tier path (correlation.md §5): each window's traffic on the
     path's series against the KV bytes the engine moved on that tier, compared with a quiet baseline."""
 
-    def __init__(self, options: CorrelationOptions, store: Store, outputs: Outputs, deltas: Deltas) -> None:
-        self._o, self._store, self._out, self._deltas = options, store, outputs, deltas
+    def __init__(self, options: CorrelationOptions, outputs: Outputs) -> None:
+        self._o, self._out = options, outputs
         self._selectors = {t: [parse_selector(s) for s in sel] for t, sel in options.paths.items()}
         self._baselines: dict[str, deque[signals.PathWindow]] = defaultdict(
             lambda: deque(maxlen=options.baseline_windows))
@@ -63,16 +64,19 @@ class PathWatch:
         self._thresholds = signals.Thresholds(options.near_peak, options.bandwidth_drop, options.kv_share_fall,
                                               options.saturated)
 
-    def step(self, window: WindowSummary, dt: float) -> None:
+    def metrics(self, catalogue: Catalogue) -> list[str]:
+        """The series the paths name that the agent can hold (what the reader must read)."""
+        return [s.name for sel in self._selectors.values() for s in sel if catalogue.get(s.name) is not None]
+
+    def step(self, snapshot: Window, window: WindowSummary, dt: float) -> None:
         for tier, selectors in self._selectors.items():
             total = 0.0
             for selector in selectors:
-                spec = self._store.catalogue.get(selector.name)
-                if spec is None:
+                if not snapshot.reads(selector.name):  # not a metric the agent holds
                     continue
-                for labels, value in self._store.values(selector.name).items():
-                    if selector.matches(spec.labels, labels):
-                        total += self._deltas.step(("path", selector.name, labels), value, from_zero=False)
+                for point in snapshot.series(selector.name):
+                    if selector.matches(point.labels):
+                        total += point.rate_growth
             seconds = window.onboard_seconds.get(tier, 0.0)
             current = signals.PathWindow(
                 total / dt, window.tier_bytes.get(tier, 0.0) / dt,

@@ -1,5 +1,6 @@
-"""State the correlation analysis' stages share: growth of store totals, the fitted cost models per
-engine, and the analysis' own output series (its monotonic counters and current gauges)."""
+"""State the correlation analysis' stages share: the fitted cost models per engine, and the analysis' own
+output series (its monotonic counters and current gauges). The growth of store totals between windows is
+the StoreReader's (agent/core/reader.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import bisect
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Hashable
 
 from kvscope.agent.analyses.correlation import metrics as m
 from kvscope.agent.analyses.correlation.costmodel import PrefillCostModel, TierFetchModel
@@ -16,35 +16,6 @@ from kvscope.agent.core.readings import HistogramSample, LabelValues, Reading, S
 from kvscope.agent.core.records import ERROR_KINDS, Attribution
 
 Key = tuple[str, str, str]  # engine, model, dp_rank
-# A store series the analysis has not read for this many windows is forgotten (it left the store, or its
-# engine restarted under new labels): the analysis' memory follows the store's, not the history of churn.
-FORGET_AFTER_WINDOWS = 60
-
-
-class Deltas:
-    """Growth of monotonic store totals between windows."""
-
-    def __init__(self, forget_after: int = FORGET_AFTER_WINDOWS) -> None:
-        self._last: dict[Hashable, tuple[float, int]] = {}
-        self._window = 0
-        self._forget_after = forget_after
-
-    def step(self, key: Hashable, current: float, from_zero: bool = True) -> float:
-        """Growth since the last call; at first sight the whole total (or 0 for rates: `from_zero=False`)."""
-        previous = self._last.get(key)
-        self._last[key] = (current, self._window)
-        if previous is None:
-            return current if from_zero else 0.0
-        return max(0.0, current - previous[0])
-
-    def end_window(self) -> None:
-        self._window += 1
-        horizon = self._window - self._forget_after
-        if self._window % self._forget_after == 0:
-            self._last = {k: v for k, v in self._last.items() if v[1] >= horizon}
-
-    def __len__(self) -> int:
-        return len(self._last)
 
 
 class Models:

@@ -37,10 +37,10 @@ from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.records import RecentRequests
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import ATTRIBUTED_REQUESTS, HTTP_ROUTES, KV_ACCESS, Route, StreamUse
 
 log = logging.getLogger("kvscope.whatif")
 PROFILE_ROUTE = "/whatif/profile"
-Route = Callable[[], tuple[bytes, str]]  # a GET route beside /metrics: (body, content type)
 
 
 class WhatIfAnalysis:
@@ -287,6 +287,11 @@ class WhatIfAnalysis:
             max_blocks=state.max_model_blocks, dropped=round(state.stream.dropped / setup.sample_rate),
             g1_hits_seen=self._g1_hits_seen(state, now), notes=notes)
 
+    @property
+    def request_receiver(self) -> RecentRequests | None:
+        """Where the correlation analysis' attributed requests reach it (None while it is idle)."""
+        return self._recent
+
     def routes(self) -> dict[str, Route]:
         return {PROFILE_ROUTE: self._serve_profile}
 
@@ -308,7 +313,10 @@ class WhatIfAnalysis:
 
 
 def build(options: WhatIfOptions, inputs: AnalysisInputs) -> WhatIfAnalysis:
-    analysis = WhatIfAnalysis(options, inputs.store, inputs.kv_access, inputs.recent_requests, inputs.wall_clock)
+    access = inputs.streams.get(KV_ACCESS)
+    # the latest attributed requests it reads TTFT figures from: kept only while there is something to replay
+    recent = RecentRequests(options.requests) if access is not None else None
+    analysis = WhatIfAnalysis(options, inputs.store, access, recent, inputs.wall_clock)
     if analysis.idle:
         log.info("what-if analysis: idle, no KV events to replay (it needs [collectors.vllm_kv_events])")
     return analysis
@@ -322,4 +330,7 @@ SPEC = AnalysisSpec(
     factory=build,
     metrics=m.METRICS,
     enabled_by_default=True,
+    streams=StreamUse(reads={KV_ACCESS: lambda options: options.queue_blocks},
+                      offers={ATTRIBUTED_REQUESTS: lambda analysis: analysis.request_receiver,
+                              HTTP_ROUTES: lambda analysis: analysis.routes()}),
 )

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
 from kvscope.agent.analyses.correlation.analysis import CorrelationEngine
 from kvscope.agent.analyses.whatif.analysis import WhatIfAnalysis
+from kvscope.agent.app import wiring as wiring_module
 from kvscope.agent.app.wiring import build_agent, components
 from kvscope.agent.config.settings import load_config
+from kvscope.agent.core import streams as streams_module
+from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec, CollectorContext, CollectorSpec, Components
+from kvscope.agent.core.readings import Reading
+from kvscope.agent.core.records import RecordBuffer
+from kvscope.agent.core.streams import KV_ACCESS, Stream, StreamUse
 from kvscope.collectors.gpu.nvml import NvmlCollector
+from kvscope.collectors.registry import collector_specs
 from kvscope.collectors.requests.otlp_traces import OtlpTracesReceiver
 from kvscope.exporters.jsonl import JsonlSink
 
@@ -74,3 +85,70 @@ def test_the_whatif_analysis_is_idle_without_the_kv_event_collector() -> None:
     assert isinstance(whatif, WhatIfAnalysis) and not whatif.idle
     (job,) = [j for j in fed.scheduler.jobs if j.name == "whatif"]
     assert not job.idle
+
+
+def test_the_kv_access_log_is_made_only_when_a_collector_writes_it_and_an_analysis_reads_it() -> None:
+    kv_events = "[collectors.vllm_kv_events]\nenabled = true\nendpoint = 'tcp://127.0.0.1:5557'\nmodel = 'm'\n"
+    both = build_agent(load_config(BASE + kv_events + "[analyses.whatif]\nqueue_blocks = 123\n", components(),
+                                   environ={}))
+    log = both.streams.get(KV_ACCESS)
+    assert log is not None and log.queue_limit == 123  # sized by its reader's option
+    assert both.analyses["whatif"]._access is log  # type: ignore[attr-defined]
+    reader_off = build_agent(load_config(BASE + kv_events + "[analyses.whatif]\nenabled = false\n", components(),
+                                         environ={}))
+    assert reader_off.streams.get(KV_ACCESS) is None  # no access sampling for nobody
+    writer_off = build_agent(load_config(BASE, components(), environ={}))
+    assert writer_off.streams.get(KV_ACCESS) is None
+
+
+def test_streams_are_connected_from_the_specs_alone() -> None:
+    """A collector and an analysis the wiring has never heard of, joined by a stream only their specs name."""
+    made: list[RecordBuffer] = []
+    seen: dict[str, object] = {}
+    extra = Stream("test_stream", "a buffer between two test stages", lambda size: made.append(RecordBuffer(size))
+                   or made[-1], default_size=7)
+
+    class Source:  # a collector and an analysis in one: collect() and run()
+        def collect(self) -> list[Reading]:
+            return []
+
+        def run(self) -> list[Reading]:
+            return []
+
+    def source(_options: object, context: CollectorContext) -> Source:
+        seen["source"] = context.streams.get(extra)
+        return Source()
+
+    def sink(_options: object, inputs: AnalysisInputs) -> Source:
+        seen["sink"] = inputs.streams.get(extra)
+        return Source()
+
+    @dataclass
+    class Size:
+        size: int = 42
+
+    parts = components()
+    collectors = {**parts.collectors, "source": CollectorSpec("source", "test", Size, source, (),
+                                                              streams=StreamUse(writes=(extra,)))}
+    analyses = {**parts.analyses, "sink": AnalysisSpec("sink", "test", Size, sink, (),
+                                                       streams=StreamUse(reads={extra: lambda o: o.size}))}
+    with_extra = Components(collectors, analyses)
+    original = streams_module.STREAMS
+    streams_module.STREAMS = (*original, extra)
+    wiring_module.STREAMS = streams_module.STREAMS
+    try:
+        build_agent(load_config(BASE, with_extra, environ={}), with_extra)
+    finally:
+        streams_module.STREAMS = wiring_module.STREAMS = original
+    assert len(made) == 1 and made[0].capacity == 42
+    assert seen == {"source": made[0], "sink": made[0]}
+
+
+def test_the_wiring_special_cases_no_stage() -> None:
+    """No isinstance and no stage named in the wiring: what connects stages is in their specs."""
+    tree = ast.parse(Path(wiring_module.__file__).read_text())
+    calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    assert "isinstance" not in calls
+    names = {name for spec in (*collector_specs().values(), *components().analyses.values()) for name in [spec.name]}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert names & strings == set()

@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from kvscope.agent.core.pipeline import CollectorContext
 from kvscope.agent.core.records import RecordBuffer
+from kvscope.agent.core.streams import REQUEST_RECORDS, Streams
 from kvscope.collectors.requests.otlp_traces import (
     EXPORTS,
     PROTOBUF,
@@ -26,6 +27,13 @@ from kvscope.collectors.requests.otlp_traces import (
 from testkit.paths import FIXTURES
 
 FIXTURE = FIXTURES / "correlation" / "otlp" / "llm_request.binpb"
+
+
+def streams_with_records() -> Streams:
+    """The streams the wiring makes for an enabled OTLP receiver: a request-record buffer of its own."""
+    streams = Streams()
+    streams.make(REQUEST_RECORDS, 1024)
+    return streams
 
 
 def counts(receiver: OtlpTracesReceiver) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -100,7 +108,7 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import SpanKind
 
-    context = CollectorContext()
+    context = CollectorContext(streams=streams_with_records())
     rx = build(OtlpTracesOptions(listen="127.0.0.1:0", model="served"), context)
     rx.start()
     try:
@@ -118,7 +126,7 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
         span.end(end_time=6_000_000_000)
         tracer.start_span("Warmup (GPU)").end()
         provider.shutdown()
-        buffer = context.request_records
+        buffer = context.streams.require(REQUEST_RECORDS)
         (record,) = buffer.drain()
         assert (record.request_id, record.ttft, record.queue, record.prefill) == ("cmpl-xyz", 0.8, 0.1, 0.6)
         assert record.prompt_tokens == 4096 and record.cached_tokens == 2048 and record.model == "served"

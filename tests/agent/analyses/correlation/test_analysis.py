@@ -17,6 +17,7 @@ from kvscope.agent.core.pipeline import AnalysisInputs
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.records import RecordBuffer, RequestRecord, TierFetch
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import ATTRIBUTED_REQUESTS, REQUEST_RECORDS, Streams
 from kvscope.exporters.jsonl import JsonlSink
 
 E = ("vllm", "llama", "0")
@@ -282,9 +283,11 @@ class ListSink:
 
 
 def test_factory_uses_the_inputs_it_is_given() -> None:
-    store, records, sink = make_store(), RecordBuffer(), ListSink()
+    store, sink, streams = make_store(), ListSink(), Streams()
+    records = streams.make(REQUEST_RECORDS, 1024)
+    streams.offer(ATTRIBUTED_REQUESTS, sink)
     store.ingest("vllm", engine_readings(10.0, 3.0, 5.0, 1.0, 2e9, 10), 0.0)
-    engine = build(CorrelationOptions(), AnalysisInputs(store, records, None, [sink], Clock()))
+    engine = build(CorrelationOptions(), AnalysisInputs(store, streams, Clock()))
     records.put([record(1, prompt_tokens=100, cached_tokens=0, prefill=0.1, queue=0.0)])
     out = by_key(engine.run())
     assert (m.REQUESTS_ATTRIBUTED, (*E, "reference")) in out  # the records it was handed
@@ -302,18 +305,6 @@ def test_options_validation() -> None:
     ok = bind(CorrelationOptions, {"paths": {"G4": ['kvscope_rdma_receive_bytes_total{device="mlx5_0",port="1"}']}},
               "analyses.correlation")
     assert ok.paths["G4"][0].startswith("kvscope_rdma")
-
-
-def test_growth_state_forgets_series_it_no_longer_reads() -> None:
-    from kvscope.agent.analyses.correlation.state import Deltas
-
-    deltas = Deltas(forget_after=3)
-    assert deltas.step("gone", 5.0) == 5.0 and deltas.step("kept", 1.0) == 1.0
-    for window in range(6):
-        deltas.end_window()
-        assert deltas.step("kept", 2.0 + window) == 1.0  # still read: its growth stays exact
-    assert len(deltas) == 1  # "gone" was not read for 3 windows and was dropped
-    assert deltas.step("gone", 7.0) == 7.0  # back after being forgotten: first sight again
 
 
 def test_fetch_and_offload_before_the_first_ttft_are_carried_not_lost() -> None:
