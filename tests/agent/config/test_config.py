@@ -235,3 +235,97 @@ def test_a_bad_flag_value_names_the_flag() -> None:
 
     with pytest.raises(ConfigError, match=r"^--log.level \(agent.log_level\): expected one of"):
         load(None, components(), environ={}, flags=flag_overrides(parse_run_flags(["--log.level", "loud"])))  # type: ignore[arg-type]
+
+
+# -- errors inside nested tables, tables of lists, optional options (msgspec's `$.path` worded as keys) ----
+
+
+@dataclass
+class Limits:
+    workers: int = 4
+
+    def validate(self, path: str) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"{path}.workers: must be >= 1, got {self.workers}")
+
+
+@dataclass
+class ShapedOptions:
+    limits: Limits = field(default_factory=Limits)
+    paths: dict[str, list[str]] = field(default_factory=dict)
+    scales: list[float] = field(default_factory=list)
+    deadline: float | None = None
+
+
+SHAPED = Components({
+    "shaped": CollectorSpec("shaped", "test", ShapedOptions, lambda o, c: None, (), enabled_by_default=True),  # type: ignore[arg-type, return-value]
+}, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[collectors.shaped.limits]\nworkers = 'x'\n",
+         "collectors.shaped.limits.workers: expected an integer, got 'x'"),
+        ("[collectors.shaped.limits]\ncolour = 1\n",
+         "collectors.shaped.limits.colour: unknown key (allowed: workers)"),
+        ("[collectors.shaped]\nlimits = 5\n", "collectors.shaped.limits: expected a table, got int"),
+        ("[collectors.shaped]\npaths = { G3 = ['a'], G4 = ['b', 1] }\n",
+         "collectors.shaped.paths.G4[1]: expected a string, got 1"),
+        ("[collectors.shaped]\npaths = ['a']\n", "collectors.shaped.paths: expected a table of a list of a string, "
+                                                 "got ['a']"),
+        ("[collectors.shaped]\nscales = [1, 'x']\n", "collectors.shaped.scales[1]: expected a number, got 'x'"),
+        ("[collectors.shaped]\ndeadline = 'x'\n", "collectors.shaped.deadline: expected a number, got 'x'"),
+        ("[collectors.shaped]\nenabled = false\nlimits = { workers = 0 }\n",
+         "collectors.shaped.limits.workers: must be >= 1, got 0"),  # a disabled section's tables are still checked
+        ("[agent]\ninterval = '2'\n", "agent.interval: expected a number, got '2'"),  # a file's text is not parsed
+        ("agent = 5\n", "agent: expected a table, got int"),
+        ("agent = 'fast'\n", "agent: expected a table, got str"),
+    ],
+)
+def test_a_mistake_inside_a_table_names_its_whole_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(text, SHAPED, environ={})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("KVSCOPE_COLLECTORS__SHAPED__LIMITS", "5",
+         "KVSCOPE_COLLECTORS__SHAPED__LIMITS (collectors.shaped.limits): expected a table, got '5'"),
+        ("KVSCOPE_COLLECTORS__SHAPED__SCALES", "0.5, abc",
+         "KVSCOPE_COLLECTORS__SHAPED__SCALES (collectors.shaped.scales[1]): expected a number, got 'abc'"),
+        ("KVSCOPE_COLLECTORS__SHAPED__SCALES", "[0.5",
+         "KVSCOPE_COLLECTORS__SHAPED__SCALES (collectors.shaped.scales): expected a list of a number, got '[0.5'"),
+        ("KVSCOPE_COLLECTORS__SHAPED__PATHS", "{ G4 = [1] }",
+         "KVSCOPE_COLLECTORS__SHAPED__PATHS (collectors.shaped.paths.G4[0]): expected a string, got 1"),
+        ("KVSCOPE_COLLECTORS__SHAPED__DEADLINE", "null",
+         "KVSCOPE_COLLECTORS__SHAPED__DEADLINE (collectors.shaped.deadline): expected a number, got 'null'"),
+        ("KVSCOPE_COLLECTORS__SHAPED__LIMITS__WORKERS", "0",
+         "collectors.shaped.limits.workers: must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_env_value_inside_a_table_names_the_variable_and_the_whole_key(name: str, value: str,
+                                                                               message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, SHAPED, environ={name: value})
+    assert str(info.value) == message
+
+
+def test_env_values_reach_nested_tables_and_table_entries() -> None:
+    env = {"KVSCOPE_COLLECTORS__SHAPED__LIMITS__WORKERS": " 7 ", "KVSCOPE_COLLECTORS__SHAPED__PATHS__G3": "a, b",
+           "KVSCOPE_COLLECTORS__SHAPED__DEADLINE": "3", "KVSCOPE_COLLECTORS__SHAPED__SCALES": "0.5, 2"}
+    options = load_config(None, SHAPED, environ=env).collectors["shaped"][1]
+    assert options == ShapedOptions(limits=Limits(workers=7), paths={"g3": ["a", "b"]}, scales=[0.5, 2.0],
+                                    deadline=3.0)
+    assert isinstance(options.deadline, float) and isinstance(options.scales[1], float)
+
+
+def test_a_missing_required_key_is_named() -> None:
+    from kvscope.agent.config.binding import bind
+    from kvscope.agent.config.settings import JobSettings
+
+    with pytest.raises(ConfigError) as info:
+        bind(JobSettings, {"interval": 2}, "collectors.probe")
+    assert str(info.value) == "collectors.probe.enabled: required key not set"
