@@ -57,7 +57,6 @@ class Series:
     last_raw_buckets: tuple[float, ...] = ()
     hist_sum: float = 0.0
     last_raw_sum: float = 0.0
-    render_cache: object = None  # owned by the exporter (pre-rendered name and labels)
     # which making of this series it is (store-wide, increasing): a series forgotten and made again is a new
     # one, and a reader's deltas start afresh (reader.py)
     born: int = 0

@@ -90,6 +90,9 @@ class TextRenderer:
         self.store = store
         self._text_headers: dict[str, str] = {}
         self._om_headers: dict[str, str] = {}
+        # each series' rendered name and labels, by the series' `born` (unique to one making of a series);
+        # rebuilt by every render from what it rendered, so it holds no series the store has forgotten
+        self._prefixes: dict[int, object] = {}
 
     @staticmethod
     def _prefix(spec: MetricSpec, series: Series) -> str:
@@ -119,6 +122,7 @@ class TextRenderer:
     def _render(self, headers: dict[str, str], make_header: Callable[[MetricSpec], str], end: str) -> bytes:
         out: list[str] = []
         fmt = format_float
+        cached, kept = self._prefixes, dict[int, object]()
         for spec, group in self.store.families():
             header = headers.get(spec.name)
             if header is None:
@@ -126,18 +130,20 @@ class TextRenderer:
             out.append(header)
             if spec.type != "histogram":
                 for s in group:
-                    prefix = s.render_cache
+                    prefix = cached.get(s.born)
                     if not isinstance(prefix, str):
-                        prefix = s.render_cache = self._prefix(spec, s)
+                        prefix = self._prefix(spec, s)
+                    kept[s.born] = prefix
                     out.append(f"{prefix}{fmt(s.value)}\n")
                 continue
             for s in group:
-                cache = s.render_cache
-                if not isinstance(cache, tuple) or cache[0] != s.bounds:
-                    cache = s.render_cache = self._histogram_prefixes(spec, s)
+                held = cached.get(s.born)
+                cache = held if isinstance(held, tuple) and held[0] == s.bounds else self._histogram_prefixes(spec, s)
+                kept[s.born] = cache
                 _, buckets, count_prefix, sum_prefix = cache
                 out.extend(f"{p}{fmt(c)}\n" for p, c in zip(buckets, s.buckets, strict=True))
                 out.append(f"{count_prefix}{fmt(s.buckets[-1])}\n")
                 out.append(f"{sum_prefix}{fmt(s.hist_sum)}\n")
+        self._prefixes = kept
         out.append(end)
         return "".join(out).encode("utf-8")
