@@ -12,9 +12,10 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
-from kvscope.agent.config.settings import JsonlSection
+from kvscope.agent.config.binding import ConfigError
 from kvscope.agent.core.catalogue import counter
 from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec
 from kvscope.agent.core.records import ERROR_KINDS, AttributedRequest
@@ -92,13 +93,26 @@ class JsonlSink:
             self._store.bump(WRITE_ERRORS, (), failed, now)
 
 
-def build(section: JsonlSection, inputs: SinkInputs) -> list[Sink]:
+@dataclass
+class JsonlOptions:
+    """`[exporters.jsonl]`: each attributed request as one JSON line."""
+
+    enabled: bool = False
+    path: str = "kvscope-requests.jsonl"  # each attributed request as one JSON line, appended
+
+    def validate(self, path: str) -> None:
+        if self.enabled and not self.path:
+            raise ConfigError(f"{path}.path: a file path is required when enabled")
+
+
+def build(section: JsonlOptions, inputs: SinkInputs) -> list[Sink]:
     return [JsonlSink(section.path, inputs.store, wall_clock=inputs.wall_clock)] if section.enabled else []
 
 
 SPEC = SinkSpec(
     name="jsonl",
     description="each attributed request as one JSON line, appended to a file",
+    options=JsonlOptions,
     factory=build,
     metrics=METRICS,
     streams=StreamUse(offers={ATTRIBUTED_REQUESTS: lambda sink: sink}),

@@ -23,6 +23,7 @@ from kvscope.agent.config import extras, flags
 from kvscope.agent.config.settings import Config, ConfigError, load_config_file
 from kvscope.agent.runtime import logs
 from kvscope.agent.runtime.os_signals import SignalWaiter
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
 
 log = logging.getLogger("kvscope")
 
@@ -62,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         agent = build_agent(config)
     except OSError as exc:
-        raise ConfigError(f"exporters.prometheus.listen: cannot bind {config.exporters.prometheus.listen}: "
+        raise ConfigError(f"exporters.prometheus.listen: cannot bind {config.exporter(PROMETHEUS).listen}: "
                           f"{exc.strerror}") from None
     signals = SignalWaiter((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     agent.start()
@@ -73,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     enabled = [j.name for j in agent.scheduler.jobs]
     where = ""
     if agent.server is not None:
-        host = config.exporters.prometheus.listen.rpartition(":")[0]
+        host = config.exporter(PROMETHEUS).listen.rpartition(":")[0]
         where = f" on {host}:{agent.server.port}/metrics"
     log.info("kvscope %s running%s; collectors and analyses: %s", __version__, where, ", ".join(enabled) or "none")
     _wait_for_stop(agent, signals)

@@ -20,7 +20,9 @@ from kvscope.agent.config.binding import ConfigError
 from kvscope.agent.config.settings import Config, parse_listen
 from kvscope.agent.core.pipeline import Components
 from kvscope.agent.http.webconfig import load_web_config
+from kvscope.exporters.jsonl import SPEC as JSONL
 from kvscope.exporters.otlp import settings as otlp_settings
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
 
 _ROOT_KEYS = {"proc": ("agent.proc_root", "--path.procfs", "/proc"), "sys": ("agent.sys_root", "--path.sysfs", "/sys")}
 # a file every Linux /proc and /sys has: a directory without it is not the tree the collectors expect
@@ -60,7 +62,7 @@ def _listen(key: str, address: str, found: Findings) -> None:
 
 def _web(config: Config, found: Findings) -> None:
     """The web config of /metrics and of the OTLP receiver, when set: readable, valid, its extra installed."""
-    files = [("exporters.prometheus.web_config_file", config.exporters.prometheus.web_config_file)]
+    files = [("exporters.prometheus.web_config_file", config.exporter(PROMETHEUS).web_config_file)]
     otlp = config.collectors.get("otlp_traces")
     if otlp is not None and otlp[0].enabled:
         files.append(("collectors.otlp_traces.web_config_file", otlp[1].web_config_file))
@@ -78,7 +80,7 @@ def _web(config: Config, found: Findings) -> None:
 
 
 def _jsonl(config: Config, found: Findings) -> None:
-    section = config.exporters.jsonl
+    section = config.exporter(JSONL)
     if not section.enabled:
         return
     directory = os.path.dirname(os.path.abspath(section.path))
@@ -103,7 +105,7 @@ def _receives_itself(config: Config, dest: otlp_settings.Destination) -> bool:
 
 
 def _otlp(config: Config, environ: Mapping[str, str], found: Findings) -> None:
-    section = config.exporters.otlp
+    section = config.exporter(otlp_settings.SPEC)
     if not (section.metrics or section.traces):
         return
     try:
@@ -136,8 +138,8 @@ def _otlp(config: Config, environ: Mapping[str, str], found: Findings) -> None:
 def check(config: Config, parts: Components, environ: Mapping[str, str] | None = None) -> Findings:
     found = Findings()
     _roots(config, parts, found)
-    if config.exporters.prometheus.enabled:
-        _listen("exporters.prometheus.listen", config.exporters.prometheus.listen, found)
+    if config.exporter(PROMETHEUS).enabled:
+        _listen("exporters.prometheus.listen", config.exporter(PROMETHEUS).listen, found)
     _web(config, found)
     _jsonl(config, found)
     _otlp(config, os.environ if environ is None else environ, found)

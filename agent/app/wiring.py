@@ -40,23 +40,23 @@ from kvscope.agent.core.store import Store
 from kvscope.agent.core.streams import GPU_INTERVALS, REQUEST_RECORDS, STREAMS, GpuIntervals, Streams, StreamUse
 from kvscope.agent.runtime.scheduler import Scheduler, analysis_job, collector_job
 from kvscope.collectors.registry import collector_specs
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
 from kvscope.exporters.prometheus.server import MetricsServer
 from kvscope.exporters.registry import sink_specs
 
 log = logging.getLogger("kvscope.wiring")
-SINKS = sink_specs()
-SINK_METRICS: tuple[MetricSpec, ...] = tuple(metric for spec in SINKS.values() for metric in spec.metrics)
 
 
 def components() -> Components:
-    """Every collector and analysis kvscope can run, by the names its configuration uses."""
+    """Every collector, analysis and sink kvscope can run, by the names its configuration uses."""
     return Components(collectors=collector_specs(),
-                      analyses={CORRELATION_SPEC.name: CORRELATION_SPEC, WHATIF_SPEC.name: WHATIF_SPEC})
+                      analyses={CORRELATION_SPEC.name: CORRELATION_SPEC, WHATIF_SPEC.name: WHATIF_SPEC},
+                      sinks=sink_specs())
 
 
 def all_metric_specs(parts: Components | None = None) -> list[MetricSpec]:
     parts = components() if parts is None else parts
-    return [*AGENT_METRICS, *CONTRACT_METRICS, *parts.metrics(), *SINK_METRICS]
+    return [*AGENT_METRICS, *CONTRACT_METRICS, *parts.metrics()]
 
 
 def build_catalogue(parts: Components | None = None) -> Catalogue:
@@ -77,7 +77,7 @@ class Agent:
     @property
     def server(self) -> MetricsServer | None:
         """The /metrics server, when `[exporters.prometheus]` enables it."""
-        built = self.sinks_by_spec.get("prometheus")
+        built = self.sinks_by_spec.get(PROMETHEUS.name)
         return cast(MetricsServer, built[0]) if built else None
 
     @property
@@ -128,13 +128,13 @@ def build_agent(
                           for name, (settings, options) in config.collectors.items() if settings.enabled}
     enabled_analyses = {name: (parts.analyses[name], options)
                         for name, (settings, options) in config.analyses.items() if settings.enabled}
-    sections = {name: getattr(config.exporters, name) for name in SINKS}
+    sections = {name: config.exporter(spec) for name, spec in parts.sinks.items()}
     streams = Streams()
     if gpu_intervals is not None:
         streams.offer(GPU_INTERVALS, gpu_intervals)  # offered first: it is the one readers get
     make_streams(streams, [*((spec.streams, options) for spec, options in enabled_collectors.values()),
                            *((spec.streams, options) for spec, options in enabled_analyses.values()),
-                           *((spec.streams, sections[name]) for name, spec in SINKS.items())])
+                           *((spec.streams, sections[name]) for name, spec in parts.sinks.items())])
 
     # readers of the store (the /metrics server, the OTLP exporter) go through the scheduler: the host
     # collectors run when read (agent.collect_on_read)
@@ -156,7 +156,7 @@ def build_agent(
     sink_inputs = SinkInputs(store, streams, scheduler, wall_clock, os.environ if environ is None else environ)
     sinks: list[Sink] = []
     by_spec: dict[str, list[Sink]] = {}
-    for name, sspec in SINKS.items():
+    for name, sspec in parts.sinks.items():
         built = list(sspec.factory(sections[name], sink_inputs))
         _offer(streams, sspec.streams, built)
         sinks.extend(built)

@@ -16,12 +16,13 @@ import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kvscope.agent.config.binding import ConfigError as ConfigError
 from kvscope.agent.config.binding import Override, bind, env_overrides, positive, set_path
-from kvscope.agent.core.pipeline import Components
-from kvscope.agent.http.server import HttpLimits
+from kvscope.agent.core.pipeline import Components, SinkSpec
+
+T = TypeVar("T")
 
 DEFAULT_PORT = 9474  # 9100 is node_exporter, 9400 DCGM exporter, 8000 vLLM's API server
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -58,73 +59,6 @@ class AgentSection:
 
 
 @dataclass
-class PrometheusSection:
-    enabled: bool = True
-    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
-    # Prometheus exporter-toolkit web config (tls_server_config, basic_auth_users); "" = plain HTTP
-    web_config_file: str = ""
-    http: HttpLimits = field(default_factory=HttpLimits)  # connections, threads and timeouts (docs/security.md)
-
-    def validate(self, path: str) -> None:
-        parse_listen(f"{path}.listen", self.listen)
-        self.http.validate(f"{path}.http")
-
-
-@dataclass
-class JsonlSection:
-    enabled: bool = False
-    path: str = "kvscope-requests.jsonl"  # each attributed request as one JSON line, appended
-
-    def validate(self, path: str) -> None:
-        if self.enabled and not self.path:
-            raise ConfigError(f"{path}.path: a file path is required when enabled")
-
-
-OtlpProtocol = Literal["", "http/protobuf", "grpc"]
-OtlpCompression = Literal["", "none", "gzip"]
-
-
-@dataclass
-class OtlpSection:
-    """OTLP export: the store's metrics and one attribution trace per request, each on or off by itself.
-
-    An empty or unset key falls back to the standard OTEL_EXPORTER_OTLP_* variable, then to the OTel
-    default (exporters/otlp/settings.py resolves them; docs/otlp-export.md lists them).
-    """
-
-    metrics: bool = False  # export every catalogued metric
-    traces: bool = False  # export each attributed request as a trace
-    endpoint: str = ""  # base URL for both signals (HTTP appends /v1/metrics, /v1/traces)
-    metrics_endpoint: str = ""  # full URL for metrics, used as it is
-    traces_endpoint: str = ""  # full URL for traces, used as it is
-    protocol: OtlpProtocol = ""  # http/protobuf (the default) or grpc (the otlp-grpc extra)
-    headers: dict[str, str] = field(default_factory=dict)
-    compression: OtlpCompression = ""
-    certificate: str = ""  # CA bundle for an https endpoint
-    timeout: float | None = None  # seconds one export may take, retries included
-    interval: float | None = None  # seconds between metric exports
-    queue_size: int | None = None  # attributed requests waiting for export; more are dropped and counted
-    batch_size: int | None = None  # attributed requests per trace export
-
-    def validate(self, path: str) -> None:
-        for name in ("timeout", "interval"):
-            value = getattr(self, name)
-            if value is not None:
-                positive(f"{path}.{name}", value)
-        for name in ("queue_size", "batch_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{path}.{name}: must be >= 1, got {value}")
-
-
-@dataclass
-class ExportersSection:
-    prometheus: PrometheusSection = field(default_factory=PrometheusSection)
-    jsonl: JsonlSection = field(default_factory=JsonlSection)
-    otlp: OtlpSection = field(default_factory=OtlpSection)
-
-
-@dataclass
 class JobSettings:
     """The keys every collector and analysis section has, beside its own options."""
 
@@ -136,9 +70,15 @@ class JobSettings:
 @dataclass
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
-    exporters: ExportersSection = field(default_factory=ExportersSection)
+    # each sink's options, by its spec's name (`[exporters.NAME]`): read them with `exporter(spec)`
+    exporters: dict[str, Any] = field(default_factory=dict)
     collectors: dict[str, tuple[JobSettings, Any]] = field(default_factory=dict)
     analyses: dict[str, tuple[JobSettings, Any]] = field(default_factory=dict)
+
+    def exporter(self, spec: SinkSpec[T]) -> T:
+        """A sink's options: as configured, or its defaults when the loader did not know the sink."""
+        options = self.exporters.get(spec.name)
+        return options if isinstance(options, spec.options) else spec.options()
 
     def _settings(self, name: str) -> JobSettings:
         return (self.collectors.get(name) or self.analyses[name])[0]
@@ -201,6 +141,16 @@ def _bind_jobs(kind: str, sections: Any, specs: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+def _bind_sinks(sections: Any, specs: Mapping[str, SinkSpec[Any]]) -> dict[str, Any]:
+    """Each sink's `[exporters.NAME]` section, bound to its spec's options."""
+    if not isinstance(sections, dict):
+        raise ConfigError("exporters: expected a table of sections")
+    for name in sections:
+        if name not in specs:
+            raise ConfigError(f"exporters.{name}: unknown exporter (allowed: {', '.join(sorted(specs))})")
+    return {name: bind(spec.options, sections.get(name, {}), f"exporters.{name}") for name, spec in specs.items()}
+
+
 def load_config(
     text: str | None,
     components: Components,
@@ -223,7 +173,7 @@ def load_config(
             raise ConfigError(f"{key}: unknown section (allowed: {', '.join(sorted(allowed_top))})")
     return Config(
         agent=bind(AgentSection, tree.get("agent", {}), "agent"),
-        exporters=bind(ExportersSection, tree.get("exporters", {}), "exporters"),
+        exporters=_bind_sinks(tree.get("exporters", {}), components.sinks),
         collectors=_bind_jobs("collectors", tree.get("collectors", {}), components.collectors),
         analyses=_bind_jobs("analyses", tree.get("analyses", {}), components.analyses),
     )
@@ -279,7 +229,9 @@ def defaults_toml(components: Components) -> str:
     """Every section and key with its embedded default (what `kvscope run` uses with no file)."""
     lines = ["# kvscope configuration: every key with its default. Remove what you do not change.", ""]
     lines += _table("agent", AgentSection())
-    lines += _table("exporters", ExportersSection())[2:]
+    for name, sink in components.sinks.items():
+        lines.append(f"# {sink.description}")
+        lines.extend(_table(f"exporters.{name}", sink.options()))
     for kind, specs in (("collectors", components.collectors), ("analyses", components.analyses)):
         for name, spec in specs.items():
             lines.append(f"# {spec.description}")

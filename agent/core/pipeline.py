@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from kvscope.agent.core.catalogue import MetricSpec
 from kvscope.agent.core.readings import Reading
@@ -36,6 +36,7 @@ __all__ = ["Analysis", "AnalysisInputs", "AnalysisSpec", "Collector", "Collector
            "Components", "GpuIntervals", "RequestSink", "Root", "Sink", "SinkInputs", "SinkSpec", "StoreReads"]
 
 Root = Literal["proc", "sys"]
+T = TypeVar("T")
 
 
 class Collector(Protocol):
@@ -130,23 +131,25 @@ class SinkInputs:
 
 
 @dataclass(frozen=True, slots=True)
-class SinkSpec:
-    """A sink the agent can run: the `[exporters.NAME]` section it is configured by, a factory that builds
-    the sinks that section enables (none when it is off), and the metrics they emit."""
+class SinkSpec(Generic[T]):
+    """A sink the agent can run: the options of its `[exporters.NAME]` section (a dataclass), a factory
+    that builds the sinks those options enable (none when off), and the metrics they emit."""
 
     name: str
     description: str
-    factory: Callable[[Any, SinkInputs], Sequence[Sink]]
+    options: type[T]
+    factory: Callable[[T, SinkInputs], Sequence[Sink]]
     metrics: tuple[MetricSpec, ...]
     streams: StreamUse = field(default_factory=StreamUse)
 
 
 @dataclass(frozen=True, slots=True)
 class Components:
-    """Every collector and analysis the agent knows, by the names config enables them with."""
+    """Every collector, analysis and sink the agent knows, by the names config enables them with."""
 
     collectors: Mapping[str, CollectorSpec]
     analyses: Mapping[str, AnalysisSpec]
+    sinks: Mapping[str, SinkSpec[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         both = set(self.collectors) & set(self.analyses)
@@ -159,4 +162,6 @@ class Components:
             out.extend(spec.metrics)
         for analysis in self.analyses.values():
             out.extend(analysis.metrics)
+        for sink in self.sinks.values():
+            out.extend(sink.metrics)
         return out

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from kvscope.agent.core.readings import LabelValues
 from kvscope.agent.core.store import HeldSeries, Store
 
+__all__ = ["Labels", "Point", "StoreReader", "Window"]
+
 
 class Labels(Mapping[str, str]):
     """A series' label values, addressed by the metric's label names (`labels["src"]`)."""

@@ -25,6 +25,9 @@ from typing import Any, Generic, Protocol, TypeVar
 from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.records import AttributedRequest, RecordBuffer
 
+__all__ = ["ATTRIBUTED_REQUESTS", "GPU_INTERVALS", "HTTP_ROUTES", "KV_ACCESS", "REQUEST_RECORDS", "STREAMS",
+           "GpuIntervals", "RequestSink", "Route", "Stream", "StreamUse", "Streams"]
+
 T = TypeVar("T")
 
 Route = Callable[[], tuple[bytes, str]]  # a GET route beside /metrics: (body, content type)

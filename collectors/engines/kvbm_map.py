@@ -4,7 +4,7 @@ Facts: shared/facts/engines.md §1.2 and its Dynamo 0.9.0 appendix; help texts a
 counters from Dynamo's `lib/llm/src/block_manager/metrics_kvbm.rs`. KVBM counts *blocks* and its counters
 have no `_total` suffix (Rust `prometheus` crate). Directions are mapped by the full name, never by the
 suffix: offload `h2d` is host→disk, onboard `h2d` is host→device, `d2d` is device↔disk, `o` is object
-storage. "disk" is KVBM's one disk pool, placed in G3 or G4 at run time (storage_placement.py).
+storage. "disk" is KVBM's one disk pool, placed in G3 or G4 at run time (collectors/sharedfs/placement.py).
 
 - Transfers: blocks per link as KVBM counts them (`kvscope_kv_transfer_blocks_total`), and bytes = blocks
   × block_tokens × kv_bytes_per_token when the geometry is known. For object storage the engine's own

@@ -1,4 +1,4 @@
-"""Scraping an engine's /metrics pages for the adapters built on engine_map (KVBM, Dynamo, LMCache, SGLang).
+"""Scraping an engine's /metrics pages for the adapters built on contract_map.py (KVBM, Dynamo, LMCache, SGLang).
 
 The HTTP client, the URL checks and the per-target health series are the vLLM adapter's
 (collectors/engines/vllm_metrics.py), so every engine target reports the same `kvscope_scrape_*` series with its

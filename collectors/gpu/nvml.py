@@ -8,9 +8,9 @@ the bus (``NVML_ERROR_GPU_IS_LOST``) is reported by ``kvscope_gpu_lost`` while t
 reporting.
 
 This module holds that lifecycle: nvmlInit and its backoff, opening the GPUs, marking them lost and
-recovering them, and the PCIe counter thread. What each poll reads is in `collectors.gpu_nvml_reads`;
-how an NVML call's errors become data, in `collectors.gpu_nvml_calls`; the arithmetic (sample
-integration, wrap decisions), in `collectors.gpu_samples`. docs/gpu.md says what each number means
+recovering them, and the PCIe counter thread. What each poll reads is in `kvscope.collectors.gpu.reads`;
+how an NVML call's errors become data, in `kvscope.collectors.gpu.calls`; the arithmetic (sample
+integration, wrap decisions), in `kvscope.collectors.gpu.samples`. docs/gpu.md says what each number means
 and where it overstates.
 
 Nothing here imports a third-party package at module level: scripts/gpu_check.py runs it on a GPU

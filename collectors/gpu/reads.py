@@ -3,8 +3,8 @@ samples, else utilization rates), memory, PCIe bytes (byte counters, else throug
 time), NVLink bytes and per-process memory.
 
 A query the GPU does not support moves that reading to its fallback (or off) for good. The arithmetic
-is in `collectors.gpu_samples`; which GPUs there are, and when they are lost, is the collector's
-(`collectors.gpu_nvml`). `lock` guards what other threads read or write: `recent` (read by the
+is in `kvscope.collectors.gpu.samples`; which GPUs there are, and when they are lost, is the collector's
+(`kvscope.collectors.gpu.nvml`). `lock` guards what other threads read or write: `recent` (read by the
 correlation engine) and the PCIe totals (written by the PCIe counter thread).
 """
 

@@ -2,9 +2,9 @@
 
 /proc/net/dev is the kernel's `rtnl_link_stats64` for every interface of the reading process's
 network namespace, one read for all of them (hardware.md §2.1). It is parsed here rather than by
-`psutil.net_io_counters` for the same reason as in `collectors.disk`: psutil takes its proc root from
+`psutil.net_io_counters` for the same reason as in `kvscope.collectors.host.disk`: psutil takes its proc root from
 a process-wide global, and the agent's roots are injected. Only kernel-path traffic is visible: RDMA
-(RoCE, GPUDirect) bypasses the netdev counters and is reported by `collectors.rdma`.
+(RoCE, GPUDirect) bypasses the netdev counters and is reported by `kvscope.collectors.host.rdma`.
 
 In a pod, /proc/net/dev shows the pod's interfaces. `path` (relative to the proc root) selects
 another namespace, e.g. `1/net/dev` with the host's /proc mounted and hostPID.

@@ -5,7 +5,7 @@ port's `link_layer` (hardware.md §2.3). The data counters count octets divided 
 bytes = value x 4, as node_exporter and procfs do. On ConnectX (mlx5) the files carry the 64-bit
 PortCountersExtended values; HCAs without the extended set give 32-bit values that saturate at
 0xFFFFFFFF rather than wrap (logged once when seen). This is where RoCE, GPUDirect RDMA, NIXL/UCX
-and NVMe-oF/RDMA traffic shows up; the netdev counters in `collectors.network` never see it.
+and NVMe-oF/RDMA traffic shows up; the netdev counters in `kvscope.collectors.host.network` never see it.
 
 No /sys/class/infiniband (no RDMA hardware or driver) is no data, not an error. Each counter file
 read is a firmware query on mlx5, so only these four files per port are read, once per cycle.

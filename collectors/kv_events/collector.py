@@ -2,9 +2,9 @@
 
 One SUB socket per data-parallel rank (vLLM offsets the port by the rank). A background thread started
 by `start()` receives `[topic, seq (8 bytes, big-endian), msgpack batch]` into a queue bounded in bytes
-(kv_event_socket.py), decodes each batch in either wire format (kv_event_schema.py), reconciles its
-sequence number (kv_event_sequence.py: gaps, replay, restarts, repeats, impossible numbers, a lost tail)
-and applies it to that rank's Residency (kv_residency.py); `collect()` reports the aggregates, including
+(subscriber.py, in this folder), decodes each batch in either wire format (schema.py), reconciles its
+sequence number (sequence.py: gaps, replay, restarts, repeats, impossible numbers, a lost tail) and
+applies it to that rank's Residency (residency.py); `collect()` reports the aggregates, including
 the KV bytes each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token`
 option) where all three are known.
 
@@ -155,7 +155,7 @@ class VllmKvEventsOptions:
     data_parallel_size: int = 1  # one SUB per rank 0..n-1, port offset by the rank
     engine: str = "vllm"
     model: str = ""  # served model name (events do not carry it)
-    # Memory (kv_event_socket.py): our queue in bytes, plus ZMQ's per socket in messages of at most
+    # Memory (subscriber.py): our queue in bytes, plus ZMQ's per socket in messages of at most
     # max_message_bytes each (a larger frame makes ZMQ drop the connection: a sequence gap).
     max_queue_bytes: int = 32 * MIB
     max_message_bytes: int = 4 * MIB

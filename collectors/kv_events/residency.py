@@ -1,11 +1,11 @@
 """Block residency per tier and block reuse distance, from decoded KV events. Pure: no I/O, no clock.
 
-Residency is a set of block hashes per tier (kv_blockset.py: ~9 bytes a block, applied in bulk, exact
+Residency is a set of block hashes per tier (collectors/kv_events/blockset.py: ~9 bytes a block, applied in bulk, exact
 whenever read). vLLM re-announces blocks it reuses when a request asks for `kv_cache_report_mode=full`, so a
 store of a block already resident changes nothing; a removal of a block we never saw (stored before we
 joined, or in a lost batch) is ignored and counted.
 
-Each tier also feeds its stores to a reuse-distance tracker (kv_reuse.py); G1's tracker also hands its
+Each tier also feeds its stores to a reuse-distance tracker (collectors/kv_events/reuse.py); G1's tracker also hands its
 sampled stores to the what-if analysis' access stream, when one is given (kvscope.agent.core.kv_access).
 
 Block size: each tier also remembers the `block_size` (tokens per block hash) its resident blocks were
@@ -140,7 +140,7 @@ class Residency:
         return state
 
     def apply(self, events: list[Any], unknown: int = 0, gpu_stores_only: bool = False) -> None:
-        """Apply decoded events (kv_event_schema structs) in order. The hot loop of the subscriber.
+        """Apply decoded events (schema.py structs) in order. The hot loop of the subscriber.
 
         `gpu_stores_only`: the decoder found every event to be a GPU BlockStored (DecodedBatch), so
         they all go to G1 without a check. Otherwise a batch of stores to one tier is applied as one run
@@ -160,7 +160,7 @@ class Residency:
         n = len(events)
         if n:
             # The usual batch: only stores, all to one tier. Checked in C: countOf compares by identity
-            # first, and the fast decoder returns one shared str per known medium (kv_event_schema).
+            # first, and the fast decoder returns one shared str per known medium (schema.py).
             first = events[0]
             cls = type(first)
             medium, locality = first.medium, first.locality

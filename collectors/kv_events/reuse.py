@@ -3,7 +3,7 @@
 For each store of a block already stored earlier in the same tier, the number of distinct blocks stored
 in that tier in between (an LRU stack distance: a cache of more than that many blocks would have kept
 it). Computed in O(log n) per reuse and O(1) per first use on a hash-sampled subset of the blocks
-(SHARDS), see ReuseTracker. Pure: no I/O, no clock. kv_residency.py feeds it each tier's stores.
+(SHARDS), see ReuseTracker. Pure: no I/O, no clock. collectors/kv_events/residency.py feeds it each tier's stores.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The decoder picks the encoding per message, trying msgspec decoders in order unt
    batch that is not one, so a stream with evictions or offloading rarely pays for the failed try).
    In map form its block_size is read on the first such batch and then one in 16: reading a field
    costs ~10 ns per event, about 2 % of this path, and G1's block size does not change under a running
-   engine (kv_residency takes it from the batches that read it);
+   engine (residency.py takes it from the batches that read it);
 2. the current map form, then the legacy array form, each first with the mediums and localities vLLM
    is known to send as Literals (one shared str per value, no allocation) and then with plain str;
 3. a slow path that also accepts a batch encoded as a map (a short-lived main-branch state) and skips
@@ -93,7 +93,7 @@ class ClearedEvent(msgspec.Struct, tag="AllBlocksCleared", gc=False):
 class StoredEventAnyMedium(msgspec.Struct, tag="BlockStored", gc=False):
     KIND: ClassVar[int] = STORED
     block_hashes: list[BlockHash]
-    block_size: Any = 0  # anything: an odd value must not make the batch malformed (kv_residency checks it)
+    block_size: Any = 0  # anything: an odd value must not make the batch malformed (residency.py checks it)
     medium: str | None = None
     locality: str | None = None
 

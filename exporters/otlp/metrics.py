@@ -7,7 +7,7 @@ instruments would not do: the OTel API has no asynchronous histogram, and one ob
 per metric would take the store's lock once per metric instead of once per export, and would not
 give one consistent cut of the store (the values `/metrics` shows at the same moment).
 
-Names, units and types come from otlp_names.py. Counters are cumulative monotonic sums; their start
+Names, units and types come from exporters/otlp/names.py. Counters are cumulative monotonic sums; their start
 time is when this exporter first saw the series, and moves to the current export when a total goes
 down (a forgotten series that came back, docs/store.md), so a backend sees a reset, not a decrease.
 Histograms become explicit-bucket histograms: OTLP wants per-bucket counts where the store keeps

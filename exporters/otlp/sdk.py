@@ -1,5 +1,5 @@
 """The OpenTelemetry SDK's side of kvscope's OTLP export: the resource and the exporters, built from the
-resolved settings (otlp_settings.py). Needs the `otlp` extra (`otlp-grpc` for gRPC); imported only when
+resolved settings (exporters/otlp/settings.py). Needs the `otlp` extra (`otlp-grpc` for gRPC); imported only when
 an OTLP exporter is enabled.
 
 The SDK's exporters do the wire work: protobuf encoding, gzip, headers, TLS, and retries with

@@ -13,13 +13,12 @@ import logging
 import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from kvscope import __version__
 from kvscope.agent.config import extras
-from kvscope.agent.config.binding import ConfigError
-from kvscope.agent.config.settings import OtlpSection
+from kvscope.agent.config.binding import ConfigError, positive
 from kvscope.agent.core.catalogue import counter
 from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec
 from kvscope.agent.core.store import Store
@@ -47,6 +46,44 @@ POD_IDENTITY: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 EXPORTS = "kvscope_otlp_exporter_exports_total"
 TRACES = "kvscope_otlp_exporter_traces_total"
+
+OtlpProtocol = Literal["", "http/protobuf", "grpc"]
+OtlpCompression = Literal["", "none", "gzip"]
+
+
+@dataclass
+class OtlpOptions:
+    """OTLP export: the store's metrics and one attribution trace per request, each on or off by itself.
+
+    An empty or unset key falls back to the standard OTEL_EXPORTER_OTLP_* variable, then to the OTel
+    default (exporters/otlp/settings.py resolves them; docs/otlp-export.md lists them).
+    """
+
+    metrics: bool = False  # export every catalogued metric
+    traces: bool = False  # export each attributed request as a trace
+    endpoint: str = ""  # base URL for both signals (HTTP appends /v1/metrics, /v1/traces)
+    metrics_endpoint: str = ""  # full URL for metrics, used as it is
+    traces_endpoint: str = ""  # full URL for traces, used as it is
+    protocol: OtlpProtocol = ""  # http/protobuf (the default) or grpc (the otlp-grpc extra)
+    headers: dict[str, str] = field(default_factory=dict)
+    compression: OtlpCompression = ""
+    certificate: str = ""  # CA bundle for an https endpoint
+    timeout: float | None = None  # seconds one export may take, retries included
+    interval: float | None = None  # seconds between metric exports
+    queue_size: int | None = None  # attributed requests waiting for export; more are dropped and counted
+    batch_size: int | None = None  # attributed requests per trace export
+
+    def validate(self, path: str) -> None:
+        for name in ("timeout", "interval"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(f"{path}.{name}", value)
+        for name in ("queue_size", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{path}.{name}: must be >= 1, got {value}")
+
+
 METRICS = (
     counter(EXPORTS, "", ("signal", "result"),
             "OTLP export calls by signal (metrics, traces) and result: ok, or failed (refused, or unreachable "
@@ -166,7 +203,7 @@ def _check_url(key: str, url: str, protocol: Protocol) -> None:
         raise ConfigError(f"{key}: bad port in {url!r}") from None
 
 
-def _endpoint(section: OtlpSection, environ: Mapping[str, str], signal: Signal, protocol: Protocol) -> str:
+def _endpoint(section: OtlpOptions, environ: Mapping[str, str], signal: Signal, protocol: Protocol) -> str:
     own = section.metrics_endpoint if signal == "metrics" else section.traces_endpoint
     specific = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
     candidates = ((f"exporters.otlp.{signal}_endpoint", own, False),
@@ -181,7 +218,7 @@ def _endpoint(section: OtlpSection, environ: Mapping[str, str], signal: Signal, 
     return url.rstrip("/") + f"/v1/{signal}" if base and protocol == "http/protobuf" else url
 
 
-def destination(section: OtlpSection, environ: Mapping[str, str], signal: Signal) -> Destination:
+def destination(section: OtlpOptions, environ: Mapping[str, str], signal: Signal) -> Destination:
     found = _env(environ, signal, "PROTOCOL")
     if section.protocol:
         protocol: Protocol = section.protocol
@@ -207,7 +244,7 @@ def destination(section: OtlpSection, environ: Mapping[str, str], signal: Signal
                        setting("CERTIFICATE", section.certificate, lambda _var, text: text, ""))
 
 
-def resolve(section: OtlpSection, environ: Mapping[str, str]) -> OtlpSettings:
+def resolve(section: OtlpOptions, environ: Mapping[str, str]) -> OtlpSettings:
     """The settings both exporters run with; raises ConfigError naming the key or variable at fault."""
     interval_env = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
     interval = section.interval or (_millis("OTEL_METRIC_EXPORT_INTERVAL", interval_env) if interval_env
@@ -241,7 +278,7 @@ def resource_attributes(environ: Mapping[str, str], version: str,
     return attrs
 
 
-def build(section: OtlpSection, inputs: SinkInputs) -> list[Sink]:
+def build(section: OtlpOptions, inputs: SinkInputs) -> list[Sink]:
     """The OTLP metrics and trace exporters the settings enable; the SDK is imported only here, and only
     when one is (the `otlp` extra)."""
     settings = resolve(section, inputs.environ)
@@ -277,6 +314,7 @@ def _request_receiver(sink: Sink) -> Sink | None:
 SPEC = SinkSpec(
     name="otlp",
     description="OTLP export of the metrics and of each request's TTFT attribution as a trace (the otlp extra)",
+    options=OtlpOptions,
     factory=build,
     metrics=METRICS,
     streams=StreamUse(offers={ATTRIBUTED_REQUESTS: _request_receiver}),

@@ -19,9 +19,10 @@ import logging
 import time
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
-from kvscope.agent.config.settings import PrometheusSection, parse_listen
+from kvscope.agent.config.settings import DEFAULT_PORT, parse_listen
 from kvscope.agent.core.catalogue import counter
 from kvscope.agent.core.pipeline import Sink, SinkInputs, SinkSpec, StoreReads
 from kvscope.agent.core.store import Store
@@ -162,7 +163,22 @@ def wants_openmetrics(accept: str) -> bool:
     return best_om > 0.0 and best_om >= best_text
 
 
-def build(section: PrometheusSection, inputs: SinkInputs) -> list[Sink]:
+@dataclass
+class PrometheusOptions:
+    """`[exporters.prometheus]`: the /metrics server."""
+
+    enabled: bool = True
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    # Prometheus exporter-toolkit web config (tls_server_config, basic_auth_users); "" = plain HTTP
+    web_config_file: str = ""
+    http: HttpLimits = field(default_factory=HttpLimits)  # connections, threads and timeouts (docs/security.md)
+
+    def validate(self, path: str) -> None:
+        parse_listen(f"{path}.listen", self.listen)
+        self.http.validate(f"{path}.http")
+
+
+def build(section: PrometheusOptions, inputs: SinkInputs) -> list[Sink]:
     """The /metrics server, with every route the analyses offer beside it (the what-if profile)."""
     if not section.enabled:
         return []
@@ -175,6 +191,7 @@ def build(section: PrometheusSection, inputs: SinkInputs) -> list[Sink]:
 SPEC = SinkSpec(
     name="prometheus",
     description="/metrics for Prometheus (text and OpenMetrics, gzip, TLS and basic auth from a web config)",
+    options=PrometheusOptions,
     factory=build,
     metrics=METRICS,
     streams=StreamUse(reads={HTTP_ROUTES: None}),

@@ -25,6 +25,7 @@ from jsonschema import Draft7Validator
 from kvscope.agent.app.wiring import components
 from kvscope.agent.config.settings import load_config
 from kvscope.agent.tools.reference.geometry import KVGeometry
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
 from testkit.environment import require_tool
 from testkit.paths import ROOT
 
@@ -105,7 +106,7 @@ def test_prometheus_scrapes_the_agent_and_alerts_to_alertmanager() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     (target,) = jobs["kvscope"]["static_configs"][0]["targets"]
     agent = _agent_config()
-    assert target == "kvscope:" + agent.exporters.prometheus.listen.rsplit(":", 1)[1]
+    assert target == "kvscope:" + agent.exporter(PROMETHEUS).listen.rsplit(":", 1)[1]
     (alertmanager,) = config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
     assert alertmanager.split(":")[0] in _compose()["services"]
     assert alertmanager.split(":")[1] == "9093"
@@ -168,7 +169,7 @@ def test_the_image_runs_as_a_non_root_user_on_a_read_only_root() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     for source in re.findall(r"^COPY (?!--)(\S+)", dockerfile, re.M):
         assert (ROOT / source).exists() and source not in ignored, source
-    agent_port = _agent_config().exporters.prometheus.listen.rsplit(":", 1)[1]
+    agent_port = _agent_config().exporter(PROMETHEUS).listen.rsplit(":", 1)[1]
     assert agent_port in re.search(r"^EXPOSE (.+)$", dockerfile, re.M).group(1).split()  # type: ignore[union-attr]
     named = set(_compose().get("volumes", {}))
     for name, service in _compose()["services"].items():

@@ -18,6 +18,7 @@ from jsonschema import Draft7Validator
 from kvscope.agent.app.wiring import components
 from kvscope.agent.config.settings import load_config
 from kvscope.agent.tools.reference.geometry import preset
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
 from testkit.paths import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
@@ -125,7 +126,7 @@ def events_model(config: Any) -> str:
 def test_the_monitor_and_the_service_reach_the_metrics_port() -> None:
     pod = _load("inference-pod.yaml")
     labels = pod["metadata"]["labels"]
-    listen_port = int(_agent_config().exporters.prometheus.listen.rsplit(":", 1)[1])
+    listen_port = int(_agent_config().exporter(PROMETHEUS).listen.rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for c in _containers().values() for p in c.get("ports", [])}
     assert ports["metrics"] == listen_port
     monitor = _load("podmonitor.yaml")["spec"]

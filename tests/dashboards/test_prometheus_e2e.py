@@ -166,7 +166,7 @@ enabled = false
     parts = components()
     nvml = dataclasses.replace(parts.collectors["nvml"], factory=lambda options, ctx: NvmlCollector(
         NvmlReplay(recording), options, ctx.clock, ctx.wall_clock, ctx.proc_root))
-    parts = Components({**parts.collectors, "nvml": nvml}, parts.analyses)
+    parts = Components({**parts.collectors, "nvml": nvml}, parts.analyses, parts.sinks)
     return build_agent(load_config(text, parts, environ={}, origin="hardware"), parts)
 
 

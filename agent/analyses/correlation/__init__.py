@@ -1,8 +1,10 @@
-"""The correlation engine: joins engine, host and per-request streams and attributes TTFT.
+"""The correlation analysis: joins engine, host and per-request data and attributes TTFT.
 
-Modules, in data-flow order: `records` (the per-request record and the buffer receivers fill),
-`nnls` and `costmodel` (the fitted prefill and fetch cost), `attribution` (aggregate and per
-request), `counterfactuals`, `signals` (fetch stall, noisy neighbour, saturation), and `engine`
-(the collector the agent runs). The arithmetic is shared/design/correlation.md; docs/correlation.md
-says what each exported number means.
+Modules, in data-flow order: `nnls` and `costmodel` (the fitted prefill and fetch cost), `attribution`
+(the arithmetic of a window and of a request), `aggregate` (each window of the store's engine series,
+read through a StoreReader), `per_request` (each request record), `counterfactuals`, `cross_layer` and
+`stall` and `paths` (fetch stall, noisy neighbour, saturation), `state` (the models and output series
+the stages share), and `analysis` (the analysis the agent runs, with its spec). The request records
+themselves are the core's (agent/core/records.py). The arithmetic is shared/design/correlation.md;
+docs/correlation.md says what each exported number means.
 """

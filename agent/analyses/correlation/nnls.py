@@ -3,10 +3,10 @@
 min ||X·β − y||² subject to β ≥ 0 is a convex problem whose optimum is the unconstrained least-squares
 solution on some subset of the columns (the "passive set") with the rest held at zero. With 2-3
 parameters there are at most 8 subsets, so enumerating them and keeping the feasible one with the
-smallest residual is exact and cheaper than an iterative solver — and keeps scipy and numpy out of
-the sidecar. Columns are scaled to unit norm and solved by modified Gram-Schmidt, because the columns
-of the prefill model differ by ~10⁶ in magnitude (tokens vs tokens²) and normal equations would
-square that condition number.
+smallest residual is exact and cheaper than an iterative solver, and needs no scipy (the sidecar's
+runtime set has numpy only, for the KV-event block sets). Columns are scaled to unit norm and solved
+by modified Gram-Schmidt, because the columns of the prefill model differ by ~10⁶ in magnitude (tokens
+vs tokens²) and normal equations would square that condition number.
 """
 
 from __future__ import annotations

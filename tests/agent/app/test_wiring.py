@@ -132,7 +132,7 @@ def test_streams_are_connected_from_the_specs_alone() -> None:
                                                               streams=StreamUse(writes=(extra,)))}
     analyses = {**parts.analyses, "sink": AnalysisSpec("sink", "test", Size, sink, (),
                                                        streams=StreamUse(reads={extra: lambda o: o.size}))}
-    with_extra = Components(collectors, analyses)
+    with_extra = Components(collectors, analyses, parts.sinks)
     original = streams_module.STREAMS
     streams_module.STREAMS = (*original, extra)
     wiring_module.STREAMS = streams_module.STREAMS

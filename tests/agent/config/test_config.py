@@ -10,6 +10,8 @@ import pytest
 
 from kvscope.agent.config.settings import ConfigError, load_config
 from kvscope.agent.core.pipeline import CollectorSpec, Components
+from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
+from kvscope.exporters.registry import sink_specs
 
 
 @dataclass
@@ -24,13 +26,13 @@ class FakeOptions:
 
 SPECS = Components({
     "probe": CollectorSpec("probe", "test", FakeOptions, lambda o, c: None, (), enabled_by_default=False),  # type: ignore[arg-type, return-value]
-}, {})
+}, {}, sink_specs())
 
 
 def test_embedded_defaults() -> None:
     config = load_config(None, SPECS, environ={})
     assert config.agent.interval == 1.0
-    assert config.exporters.prometheus.listen == "0.0.0.0:9474"
+    assert config.exporter(PROMETHEUS).listen == "0.0.0.0:9474"
     settings, _ = config.collectors["probe"]
     assert settings.enabled is False
 
@@ -44,7 +46,7 @@ def test_env_overrides_are_typed_by_the_option() -> None:
     }
     config = load_config("[agent]\ninterval = 1\n", SPECS, environ=env)
     assert config.agent.interval == 2.5
-    assert config.exporters.prometheus.listen == "127.0.0.1:9999"
+    assert config.exporter(PROMETHEUS).listen == "127.0.0.1:9999"
     settings, options = config.collectors["probe"]
     assert settings.enabled and options.urls == ["http://127.0.0.1:8000/metrics"]
     assert config.interval_of("probe") == 2.5
@@ -145,7 +147,7 @@ class TypedOptions:
 
 TYPED = Components({
     "typed": CollectorSpec("typed", "test", TypedOptions, lambda o, c: None, (), enabled_by_default=True),  # type: ignore[arg-type, return-value]
-}, {})
+}, {}, sink_specs())
 
 
 def typed(environ: dict[str, str]) -> TypedOptions:
@@ -223,8 +225,8 @@ def test_every_exporter_flag_sets_its_key() -> None:
     args = parse_run_flags(["--web.listen-address", "127.0.0.1:9999", "--web.config.file", "/etc/web.yml",
                             "--path.sysfs", "/host/sys", "--log.level", "debug"])
     config = load(None, components(), environ={}, flags=flag_overrides(args))  # type: ignore[arg-type]
-    assert config.exporters.prometheus.listen == "127.0.0.1:9999"
-    assert config.exporters.prometheus.web_config_file == "/etc/web.yml"
+    assert config.exporter(PROMETHEUS).listen == "127.0.0.1:9999"
+    assert config.exporter(PROMETHEUS).web_config_file == "/etc/web.yml"
     assert config.agent.sys_root == "/host/sys" and config.agent.log_level == "debug"
 
 
@@ -259,7 +261,7 @@ class ShapedOptions:
 
 SHAPED = Components({
     "shaped": CollectorSpec("shaped", "test", ShapedOptions, lambda o, c: None, (), enabled_by_default=True),  # type: ignore[arg-type, return-value]
-}, {})
+}, {}, sink_specs())
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from kvscope.agent.app.wiring import build_agent
 from kvscope.agent.config.settings import load_config
 from kvscope.agent.core.pipeline import Components
 from kvscope.collectors.registry import collector_specs
+from kvscope.exporters.registry import sink_specs
 from testkit.environment import require_tool
 from testkit.paths import FIXTURES
 
@@ -40,7 +41,7 @@ _VERSION = re.compile(r'(kvscope_build_info\{version=")[^"]*(")')
 
 def host_components() -> Components:
     specs = collector_specs()
-    return Components({name: specs[name] for name in HOST_COLLECTORS}, {})
+    return Components({name: specs[name] for name in HOST_COLLECTORS}, {}, sink_specs())
 
 
 def scrape_fixture_agent(root: Path = ROOT, timeout: float = 20.0) -> str:

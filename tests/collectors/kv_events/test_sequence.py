@@ -1,4 +1,4 @@
-"""Sequence numbers: repeated batches, restarts, impossible numbers and jumps (kv_event_sequence.py).
+"""Sequence numbers: repeated batches, restarts, impossible numbers and jumps (collectors/kv_events/sequence.py).
 
 Each test hands the collector whole ZMQ messages ([topic, seq, payload]) through `handle()`, the code the
 socket thread runs for every live message; payloads are in vLLM 0.33's wire format."""

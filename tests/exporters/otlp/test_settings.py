@@ -12,15 +12,22 @@ import pytest
 from kvscope.agent.app import preflight
 from kvscope.agent.app.wiring import components
 from kvscope.agent.config.binding import ConfigError
-from kvscope.agent.config.settings import OtlpSection, load_config
-from kvscope.exporters.otlp.settings import DEFAULT_INTERVAL, Destination, resolve, resource_attributes
+from kvscope.agent.config.settings import load_config
+from kvscope.exporters.otlp.settings import (
+    DEFAULT_INTERVAL,
+    SPEC,
+    Destination,
+    OtlpOptions,
+    resolve,
+    resource_attributes,
+)
 
 
-def both(**keys: object) -> OtlpSection:
-    return OtlpSection(metrics=True, traces=True, **keys)  # type: ignore[arg-type]
+def both(**keys: object) -> OtlpOptions:
+    return OtlpOptions(metrics=True, traces=True, **keys)  # type: ignore[arg-type]
 
 
-def dest(section: OtlpSection, environ: dict[str, str], signal: str = "metrics") -> Destination:
+def dest(section: OtlpOptions, environ: dict[str, str], signal: str = "metrics") -> Destination:
     settings = resolve(section, environ)
     out = settings.metrics if signal == "metrics" else settings.traces
     assert out is not None
@@ -33,7 +40,7 @@ def test_defaults_are_the_otel_ones_with_a_15_s_interval() -> None:
                                            "none", "")
     assert settings.traces is not None and settings.traces.endpoint == "http://localhost:4318/v1/traces"
     assert (settings.interval, settings.queue_size, settings.batch_size) == (DEFAULT_INTERVAL, 2048, 512)
-    assert resolve(OtlpSection(), {}).metrics is None and resolve(OtlpSection(traces=True), {}).metrics is None
+    assert resolve(OtlpOptions(), {}).metrics is None and resolve(OtlpOptions(traces=True), {}).metrics is None
 
 
 def test_the_standard_variables_apply_per_signal_over_general() -> None:
@@ -68,7 +75,7 @@ def test_kvscope_keys_win_over_every_variable() -> None:
 
 def test_grpc_takes_the_endpoint_without_a_path_and_its_own_default_port() -> None:
     assert dest(both(protocol="grpc"), {}).endpoint == "http://localhost:4317"
-    grpc = dest(OtlpSection(traces=True), {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+    grpc = dest(OtlpOptions(traces=True), {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
                                            "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}, "traces")
     assert (grpc.protocol, grpc.endpoint, grpc.insecure) == ("grpc", "collector:4317", True)
     assert not dest(both(protocol="grpc", endpoint="https://c:4317"), {}).insecure
@@ -84,7 +91,7 @@ def test_grpc_takes_the_endpoint_without_a_path_and_its_own_default_port() -> No
     ({}, both(endpoint="http://host:port"), "exporters.otlp.endpoint: bad port"),
     ({"OTEL_METRIC_EXPORT_INTERVAL": "0"}, both(), "OTEL_METRIC_EXPORT_INTERVAL: expected a positive"),
 ])
-def test_a_bad_value_names_its_variable_or_key(env: dict[str, str], section: OtlpSection, message: str) -> None:
+def test_a_bad_value_names_its_variable_or_key(env: dict[str, str], section: OtlpOptions, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve(section, env)
 
@@ -93,7 +100,7 @@ def test_the_section_binds_from_toml_and_kvscope_environment() -> None:
     env = {"KVSCOPE_EXPORTERS__OTLP__TRACES": "true", "KVSCOPE_EXPORTERS__OTLP__HEADERS": '{ "x-key" = "v" }',
            "KVSCOPE_EXPORTERS__OTLP__TIMEOUT": "2"}
     config = load_config("[exporters.otlp]\nmetrics = true\nprotocol = 'grpc'\n", components(), environ=env)
-    section = config.exporters.otlp
+    section = config.exporter(SPEC)
     assert (section.metrics, section.traces, section.protocol, section.headers, section.timeout) == (
         True, True, "grpc", {"x-key": "v"}, 2.0)
     for bad, message in (("protocol = 'http/json'", "exporters.otlp.protocol"),

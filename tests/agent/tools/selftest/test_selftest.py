@@ -17,6 +17,7 @@ from kvscope.agent.tools.selftest.harness import agent_config_text
 from kvscope.agent.tools.selftest.plans import EvictionPlan, NarrowPlan, SharedPromptsPlan
 from kvscope.agent.tools.selftest.report import as_json, table
 from kvscope.agent.tools.selftest.runner import run_plans
+from kvscope.exporters.jsonl import SPEC as JSONL
 
 # 8 prompts against G1..G3 holding 2 each: every tier, G4 included, serves hits whatever the timing
 SMALL_PLAN = SharedPromptsPlan(requests=24, prompts=8, concurrency=3)
@@ -178,7 +179,7 @@ def test_agent_config_is_valid_for_the_ordinary_loader(tmp_path: Path) -> None:
         config = load_config(text, components(), environ={})
         enabled = {name for name, (s, _) in config.collectors.items() if s.enabled}
         assert {"vllm", "vllm_kv_events", "otlp_traces"} <= enabled and config.analyses["correlation"][0].enabled
-        assert config.exporters.jsonl.enabled and config.exporters.jsonl.path == str(tmp_path / "r.jsonl")
+        assert config.exporter(JSONL).enabled and config.exporter(JSONL).path == str(tmp_path / "r.jsonl")
         assert ("disk" in enabled) == (device is not None)
         assert config.collectors["vllm"][1].cache_hit_source_tiers["external_unspecified"] == "G4"
         assert config.collectors["vllm_kv_events"][1].kv_bytes_per_token == 36_864
