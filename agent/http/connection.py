@@ -1,11 +1,11 @@
 """One connection of agent/http/server.py, from its TLS handshake to its close.
 
-It runs on the server's event loop and never blocks it: the handshake, the request head and body are
-awaited with the server's timeouts; the handler runs on the server's worker pool (or where the server's
-`run_app` puts it); bcrypt on the auth
-thread; each write must drain within `write_timeout`. While it waits for its peer the connection is
-marked waiting, so that the server may close it to make room for a newcomer; while a request is being
-handled or answered it is busy and is not closed for anyone.
+It runs on the server's event loop and never blocks it: the handshake, the request head and body (read
+by agent/http/messages.py's RequestReader: h11 frames and parses them) are awaited with the server's
+timeouts; the handler runs on the server's worker pool (or where the server's `run_app` puts it); bcrypt
+on the auth thread; each write must drain within `write_timeout`. While it waits for its peer the
+connection is marked waiting, so that the server may close it to make room for a newcomer; while a request
+is being handled or answered it is busy and is not closed for anyone.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING
 
 from kvscope.agent.http.basic_auth import Verdict
 from kvscope.agent.http.messages import (
+    Head,
     Headers,
     HttpError,
     PeerGone,
     Request,
+    RequestReader,
     Response,
-    body_length,
-    read_body,
-    read_head,
     response_head,
 )
 from kvscope.agent.http.webconfig import WebConfig
@@ -41,11 +40,12 @@ WHOLE_WRITE = 64 * 1024  # a body under this goes out in one write with its head
 
 
 class Connection:
-    __slots__ = ("busy", "peer", "reader", "server", "writer")
+    __slots__ = ("busy", "peer", "reader", "requests", "server", "writer")
 
     def __init__(self, server: HttpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.server = server
         self.reader, self.writer = reader, writer
+        self.requests = RequestReader(reader, server.max_body_bytes)  # h11 frames and parses what the peer sends
         self.busy = False  # a request is being handled or answered: not to be closed for a newcomer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -70,13 +70,13 @@ class Connection:
             server.waiting(self)
             try:
                 async with asyncio.timeout(wait):
-                    method, target, version, headers = await read_head(self.reader)
+                    head = await self.requests.read_head()
             except (TimeoutError, PeerGone):
                 return
             except HttpError as err:
                 await self.refuse(err.status, err.detail)
                 return
-            request = await self._read_request(web, method, target, version, headers)
+            request = await self._read_request(web, head)
             if request is None:
                 return
             self.busy = True
@@ -86,38 +86,32 @@ class Connection:
                 return
             wait = limits.idle_timeout
 
-    async def _read_request(self, web: WebConfig, method: str, target: str, version: str,
-                            headers: Headers) -> Request | None:
+    async def _read_request(self, web: WebConfig, head: Head) -> Request | None:
         """The whole request, or None when it was answered here (refused) or the peer left. Credentials are
         checked before the body is read."""
-        limit = self.server.max_body_bytes
-        try:
-            length = body_length(headers, limit)
-            expect = headers.get("expect")
-            if expect is not None and (expect.strip().lower() != "100-continue" or version != "HTTP/1.1"):
-                raise HttpError(417, f"expectation {expect[:40]!r} not supported")
-        except HttpError as err:
-            await self.refuse(err.status, err.detail)
+        expect = head.headers.get("expect")
+        if expect is not None and (expect.strip().lower() != "100-continue" or head.version != "HTTP/1.1"):
+            await self.refuse(417, f"expectation {expect[:40]!r} not supported")
             return None
         if web.auth is not None:
-            verdict = await self._authorise(web, headers)
+            verdict = await self._authorise(web, head.headers)
             if verdict is Verdict.DENY:
                 await self.refuse(401, "unauthorized", [("WWW-Authenticate", 'Basic realm="kvscope"')])
                 return None
             if verdict is Verdict.BUSY:
                 await self.refuse(503, "too many password checks in flight, retry", [("Retry-After", "1")])
                 return None
-        if expect is not None and length != 0:
+        if expect is not None and head.length != 0:
             self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             async with asyncio.timeout(self.server.limits.read_timeout):
-                body = await read_body(self.reader, length, limit)
+                body = await self.requests.read_body()
         except HttpError as err:
             await self.refuse(err.status, err.detail)
             return None
         except (TimeoutError, PeerGone):
             return None
-        return Request(method, target, version, headers, body, self.peer)
+        return Request(head.method, head.target, head.version, head.headers, body, self.peer)
 
     async def _authorise(self, web: WebConfig, headers: Headers) -> Verdict:
         auth = web.auth

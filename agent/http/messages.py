@@ -1,12 +1,25 @@
-"""HTTP/1.1 requests and responses as kvscope's servers read and write them (RFC 9112), strictly and bounded.
+"""HTTP/1.1 requests as kvscope's servers read them, framed and parsed by h11 under kvscope's own bounds, and
+the responses they write (RFC 9112).
 
-Whatever a peer sends ends in a request or in an `HttpError` carrying the status to answer with: a
-request line without a version (HTTP/0.9) or with a bad method or target is 400, a version other
-than 1.x is 505, a head over its byte or line budget is 431, a Content-Length that is not one plain
-decimal number is 400 and one over the body limit 413 (the body is not read), Transfer-Encoding
-together with Content-Length is 400 (a request-smuggling shape), a transfer coding other than chunked
-is 501, and a chunked body is counted against the same limit as it arrives. A request with neither
-header has no body: nothing is ever read "until the peer closes".
+h11 finds where a request's head and body end, parses the request line and the header fields, checks
+Content-Length and Transfer-Encoding, and decodes a chunked body. This module feeds it a connection's
+bytes and keeps the policy h11 leaves to its user, so that whatever a peer sends ends in a request or in
+an `HttpError` carrying the status to answer with:
+
+- 400: a request line without a version (HTTP/0.9, answered as soon as the line is in), a malformed
+  method, target, version or header line, obsolete line folding, a control character or a bare CR in the
+  head, a Content-Length that is not one plain decimal number or two that differ, two Host fields,
+  Transfer-Encoding together with Content-Length (a request-smuggling shape), a malformed chunk;
+- 505: a version other than 1.x;
+- 431: a line over MAX_LINE_BYTES, a head over MAX_HEAD_BYTES, more than MAX_HEADERS header (or trailer)
+  fields;
+- 413: a Content-Length over the body limit (the body is not read), a chunked body as soon as its chunks
+  pass the limit;
+- 501: a transfer coding other than chunked.
+
+A request with neither Content-Length nor Transfer-Encoding has no body: nothing is ever read "until the
+peer closes". An HTTP/1.1 request without Host is served, as kvscope always has (h11 alone refuses it),
+and up to MAX_EMPTY_LINES empty lines before a request line are ignored (h11 alone refuses any).
 """
 
 from __future__ import annotations
@@ -17,15 +30,26 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import NamedTuple, NoReturn
+
+import h11
 
 MAX_HEADERS = 100
-MAX_HEAD_BYTES = 32 * 1024  # request line and header fields together (each line also within the reader's limit)
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET = re.compile(rb"[\x21-\x7e]+")  # visible ASCII: no spaces, controls or raw 8-bit bytes
-_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
-_DIGITS = re.compile(r"[0-9]{1,18}")  # up to 10**18: any larger length is over every limit anyway
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # header values may hold HTAB, never other controls
+MAX_HEAD_BYTES = 32 * 1024  # the request line and header fields together, line endings included
+MAX_LINE_BYTES = 8 * 1024  # one line of a head, without its line ending
+MAX_EMPTY_LINES = 4  # ignored before a request line (RFC 9112 §2.2)
+READ_SIZE = 64 * 1024  # bytes asked of the stream at a time
+
+_EMPTY_LINE = re.compile(rb"\r?\n")
+_FOLD = re.compile(rb"\n[ \t]")  # a line that continues the one before it: obsolete line folding
+_CTL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # controls other than HTAB, CR, LF: h11 places those
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:", re.IGNORECASE)
+_LONG_CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:[ \t]*[0-9]{21,}[ \t]*\r?\n", re.IGNORECASE)
+_NO_HOST = "Missing mandatory Host: header"  # h11's refusal of an HTTP/1.1 request without Host
+_BAD_LENGTH = "bad Content-Length"  # h11's refusal of a Content-Length that is not 1 to 20 digits
+_HOST_STAND_IN = b"Host: \r\n"  # what h11 is shown in its place, and the handler is not
+_PROBE_HOST = b"\r\nHost: x\r\n\r\n"  # ends a lone request line as a whole head, for h11 to check it
+_DETAIL_CHARS = 200  # of h11's wording (which quotes the peer's bytes) in an answer
 
 
 class HttpError(Exception):
@@ -120,126 +144,253 @@ def response_head(status: int, content_type: str, length: int | None, headers: l
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def parse_request_line(line: bytes) -> tuple[str, str, str]:
-    """(method, target, version) of a request line without its line ending."""
-    parts = line.split(b" ")
-    if len(parts) == 2:
-        raise HttpError(400, "HTTP/0.9 requests are not served: send HTTP/1.0 or HTTP/1.1")
-    if len(parts) != 3:
-        raise HttpError(400, "malformed request line")
-    method, target, version = parts
-    if not _TOKEN.fullmatch(method):
-        raise HttpError(400, "malformed method")
-    if not _TARGET.fullmatch(target):
-        raise HttpError(400, "malformed request target")
-    match = _VERSION.fullmatch(version)
-    if match is None:
-        raise HttpError(400, "malformed HTTP version")
-    if match.group(1) != b"1":
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request's line and header fields, checked, and the length of the body that follows."""
+
+    method: str
+    target: str
+    version: str  # "HTTP/1.0" or "HTTP/1.1"
+    headers: Headers
+    length: int | None  # the body's Content-Length (0 without one), None for a chunked body
+
+
+class RequestReader:
+    """The requests of one connection, read from its stream. Each request's head and body are framed and
+    parsed by a fresh h11 connection, which starts from the bytes that came after the request before.
+
+    A fresh one for each request rather than h11's own request cycle, because kvscope writes its responses
+    itself, and keeps an HTTP/1.0 connection open when its client asks to (h11 would close it)."""
+
+    __slots__ = ("_max_body", "_parser", "_stream", "_unread")
+
+    def __init__(self, stream: asyncio.StreamReader, max_body: int) -> None:
+        self._stream = stream
+        self._max_body = max_body
+        self._parser = _new_parser()
+        self._unread = b""  # what came after the last request: the start of the next one
+
+    async def read_head(self) -> Head:
+        """The next request's line and header fields; its body is left for `read_body`. Raises HttpError
+        (the connection cannot be read further) or PeerGone."""
+        parser, head = _new_parser(), _HeadBytes()
+        data, empty_lines = self._unread, 0
+        self._unread = b""
+        while True:
+            if not head.data:
+                data, empty_lines = _skip_empty_lines(data, empty_lines)
+            if data and (head.data or data != b"\r"):  # a CR alone may be half an empty line: wait for more
+                head.data += data
+                parser.receive_data(data)
+                parsed = _next_head(parser, head.data)
+                if parsed is not None:
+                    self._parser = parsed.parser
+                    return _checked_head(parsed, head.data, self._max_body)
+                head.check_incomplete()
+                data = b""
+            data += await self._read()
+
+    async def read_body(self) -> bytes:
+        """The body of the request `read_head` returned, within the body limit (a chunked body is counted as
+        it arrives); trailer fields are read and dropped, and what follows is kept for the next request."""
+        body = bytearray()
+        while True:
+            event = await self._body_event()
+            if isinstance(event, h11.EndOfMessage):
+                if len(event.headers) > MAX_HEADERS:
+                    raise HttpError(431, f"more than {MAX_HEADERS} trailer fields")
+                self._unread = self._parser.trailing_data[0]
+                return bytes(body)
+            body += event.data
+            if len(body) > self._max_body:
+                raise HttpError(413, f"body over {self._max_body} bytes")
+
+    async def _body_event(self) -> h11.Data | h11.EndOfMessage:
+        parser = self._parser
+        while True:
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError as err:
+                raise HttpError(err.error_status_hint, _detail(err)) from None
+            if isinstance(event, h11.Data | h11.EndOfMessage):
+                return event
+            assert event is h11.NEED_DATA  # in a body, h11 has nothing else to say
+            parser.receive_data(await self._read())
+
+    async def _read(self) -> bytes:
+        data = await self._stream.read(READ_SIZE)
+        if not data:
+            raise PeerGone
+        return data
+
+
+class _HeadBytes:
+    """A request head's bytes as they arrive (with what came after it in the same reads), and the checks
+    that need not wait for its end."""
+
+    __slots__ = ("_scanned", "data")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self._scanned = 0  # where the first line not yet checked begins
+
+    def check_incomplete(self) -> None:
+        """Refuses a head that h11 has not seen the end of, when it cannot become a request: a line over
+        MAX_LINE_BYTES, or a request line that is refused alone. An HTTP/0.9 request is one line, and its
+        client waits for an answer rather than send a blank line."""
+        data, start = self.data, self._scanned
+        while (end := data.find(b"\n", start)) != -1:
+            if _line_length(data, start, end) > MAX_LINE_BYTES:
+                raise HttpError(431, "request head line too long")
+            if start == 0:
+                _check_request_line(data[:end])
+            start = end + 1
+        if len(data) - start > MAX_LINE_BYTES:
+            raise HttpError(431, "request head line too long")
+        self._scanned = start
+
+
+class _Parsed(NamedTuple):
+    parser: h11.Connection  # holds what followed the head: the body, or the next request
+    request: h11.Request
+    host_added: bool  # the request came without Host, and h11 was shown _HOST_STAND_IN
+
+
+def _new_parser() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+
+def _skip_empty_lines(data: bytes, skipped: int) -> tuple[bytes, int]:
+    """`data` without the empty lines it starts with, MAX_EMPTY_LINES in all for a request (`skipped` so
+    far), and the new count. Those beyond are left to h11, which refuses them."""
+    if not data.startswith((b"\r", b"\n")):
+        return data, skipped
+    start = 0
+    while skipped < MAX_EMPTY_LINES and (match := _EMPTY_LINE.match(data, start)) is not None:
+        start, skipped = match.end(), skipped + 1
+    return data[start:], skipped
+
+
+def _next_head(parser: h11.Connection, received: bytearray) -> _Parsed | None:
+    """The request h11 finds in `received` (all it was given for this request), None while the head is
+    incomplete."""
+    try:
+        event = parser.next_event()
+    except h11.RemoteProtocolError as err:
+        if str(err) == _NO_HOST:
+            return _with_host_stand_in(received)
+        _refuse(err, _head_of(parser, received))
+    if event is h11.NEED_DATA:
+        return None
+    assert isinstance(event, h11.Request)  # the only other thing h11 finds in a server's first bytes
+    return _Parsed(parser, event, host_added=False)
+
+
+def _with_host_stand_in(received: bytearray) -> _Parsed:
+    """The request of a complete HTTP/1.1 head without Host, parsed by h11 with _HOST_STAND_IN after its
+    request line."""
+    end = received.index(b"\n") + 1
+    parser = _new_parser()
+    parser.receive_data(bytes(received[:end]) + _HOST_STAND_IN + received[end:])
+    parsed = _next_head(parser, received)
+    assert parsed is not None and not parsed.host_added  # the same complete head, now with one Host
+    return parsed._replace(host_added=True)
+
+
+def _head_of(parser: h11.Connection, received: bytearray) -> bytearray:
+    """The bytes of the head h11 has taken from `received` (nothing when it refused before the head's end)."""
+    return received[: len(received) - len(parser.trailing_data[0])]
+
+
+def _refuse(err: h11.RemoteProtocolError, head: bytearray) -> NoReturn:
+    """Answers a head h11 refused: kvscope's bounds come first (431); a length too long to be a number is a
+    body over the limit (413); a transfer coding beside a Content-Length is a smuggling shape (400) before it
+    is a coding not supported (501); otherwise the status h11 suggests."""
+    _check_size(head)
+    if str(err) == _BAD_LENGTH and _LONG_CONTENT_LENGTH.search(head):
+        raise HttpError(413, "body over the limit (a Content-Length of more than 20 digits)")
+    if err.error_status_hint == 501 and _CONTENT_LENGTH.search(head):
+        raise HttpError(400, "Transfer-Encoding and Content-Length together")
+    raise HttpError(err.error_status_hint, _detail(err))
+
+
+def _check_size(head: bytes | bytearray) -> None:
+    if len(head) > MAX_HEAD_BYTES:
+        raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+    if len(head) > MAX_LINE_BYTES and _longest_line(head) > MAX_LINE_BYTES:
+        raise HttpError(431, "request head line too long")
+
+
+def _longest_line(data: bytes | bytearray) -> int:
+    """The length of the longest line of `data` that ends in LF, without its line ending."""
+    longest, start = 0, 0
+    while (end := data.find(b"\n", start)) != -1:
+        longest, start = max(longest, _line_length(data, start, end)), end + 1
+    return longest
+
+
+def _line_length(data: bytes | bytearray, start: int, end: int) -> int:
+    """The length of the line from `start` to its LF at `end`, without a CR before the LF."""
+    return end - start - (end > start and data[end - 1] == 0x0D)
+
+
+def _check_request_line(line: bytes | bytearray) -> None:
+    """Refuses a request line that h11 refuses when it is shown the line as a whole head, or whose version
+    is not 1.x."""
+    probe = _new_parser()
+    probe.receive_data(bytes(line.removesuffix(b"\r")) + _PROBE_HOST)
+    try:
+        event = probe.next_event()
+    except h11.RemoteProtocolError as err:
+        raise HttpError(err.error_status_hint, _detail(err)) from None
+    assert isinstance(event, h11.Request)  # a whole head was given
+    _check_version(event.http_version)
+
+
+def _check_version(version: bytes) -> None:
+    if not version.startswith(b"1."):
         raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are served")
-    return method.decode("ascii"), target.decode("ascii"), "HTTP/1.1" if match.group(2) != b"0" else "HTTP/1.0"
 
 
-def parse_header_line(line: bytes, into: dict[str, list[str]]) -> None:
-    if line[:1] in (b" ", b"\t"):
+def _checked_head(parsed: _Parsed, received: bytearray, max_body: int) -> Head:
+    """The head h11 parsed, held to the bounds and refusals h11 leaves to its user."""
+    head = _head_of(parsed.parser, received)
+    _check_size(head)
+    if _FOLD.search(head):
         raise HttpError(400, "obsolete line folding in a header")
-    name, sep, value = line.partition(b":")
-    if not sep or not _TOKEN.fullmatch(name):
-        raise HttpError(400, "malformed header line")
-    value = value.strip(b" \t")
-    if _CTL.search(value):
+    if _CTL.search(head):
         raise HttpError(400, "control character in a header value")
-    into.setdefault(name.decode("ascii").lower(), []).append(value.decode("latin-1"))
+    request = parsed.request
+    _check_version(request.http_version)
+    fields = request.headers.raw_items()[1 if parsed.host_added else 0:]  # without the stand-in, first
+    if len(fields) > MAX_HEADERS:
+        raise HttpError(431, f"more than {MAX_HEADERS} header fields")
+    headers = _headers(fields)
+    version = "HTTP/1.0" if request.http_version == b"1.0" else "HTTP/1.1"
+    return Head(request.method.decode("ascii"), request.target.decode("ascii"), version, headers,
+                _body_length(headers, max_body))
 
 
-def body_length(headers: Headers, limit: int) -> int | None:
-    """The body's length from Content-Length (0 when absent), or None for a chunked body."""
-    coding = headers.get("transfer-encoding")
+def _headers(fields: Iterable[tuple[bytes, bytes]]) -> Headers:
+    by_name: dict[str, list[str]] = {}
+    for name, value in fields:
+        by_name.setdefault(name.decode("ascii").lower(), []).append(value.decode("latin-1"))
+    return Headers(by_name)
+
+
+def _body_length(headers: Headers, limit: int) -> int | None:
+    """The body's length from Content-Length (0 when absent), or None for a chunked body. h11 has checked
+    each field: one Content-Length of at most 20 digits, Transfer-Encoding only chunked."""
     lengths = headers.get_all("content-length")
-    if coding is not None:
+    if headers.get_all("transfer-encoding"):
         if lengths:
             raise HttpError(400, "Transfer-Encoding and Content-Length together")
-        if coding.strip().lower() != "chunked":
-            raise HttpError(501, f"transfer coding {coding[:40]!r} is not supported (only chunked)")
         return None
-    if not lengths:
-        return 0
-    values = {v.strip() for item in lengths for v in item.split(",")}
-    if len(values) != 1:
-        raise HttpError(400, "conflicting Content-Length values")
-    (value,) = values
-    if not _DIGITS.fullmatch(value):
-        if value.isascii() and value.isdigit():
-            raise HttpError(413, f"body over {limit} bytes")
-        raise HttpError(400, f"Content-Length {value[:40]!r} is not a length")
-    length = int(value)
+    length = int(lengths[0]) if lengths else 0
     if length > limit:
         raise HttpError(413, f"body over {limit} bytes")
     return length
 
 
-async def read_line(reader: asyncio.StreamReader) -> bytes:
-    """One line without its ending (CRLF, or a bare LF as RFC 9112 allows a server to accept)."""
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.LimitOverrunError:
-        raise HttpError(431, "request head line too long") from None
-    except asyncio.IncompleteReadError:
-        raise PeerGone from None
-    line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-    if b"\r" in line:
-        raise HttpError(400, "bare CR in the request head")
-    return line
-
-
-async def read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, Headers]:
-    """The request line and header fields; the reader's limit bounds each line's length, MAX_HEAD_BYTES
-    and MAX_HEADERS the whole."""
-    line = await read_line(reader)
-    for _ in range(4):  # RFC 9112 §2.2: empty lines before a request line are ignored
-        if line:
-            break
-        line = await read_line(reader)
-    method, target, version = parse_request_line(line)
-    fields: dict[str, list[str]] = {}
-    size = len(line)
-    for _ in range(MAX_HEADERS + 1):
-        line = await read_line(reader)
-        if not line:
-            return method, target, version, Headers(fields)
-        size += len(line)
-        if size > MAX_HEAD_BYTES:
-            raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
-        parse_header_line(line, fields)
-    raise HttpError(431, f"more than {MAX_HEADERS} header fields")
-
-
-async def read_body(reader: asyncio.StreamReader, length: int | None, limit: int) -> bytes:
-    """A body of `length` bytes, or chunked (None) and at most `limit` bytes: see `body_length`."""
-    try:
-        if length is None:
-            return await _read_chunked(reader, limit)
-        return await reader.readexactly(length) if length else b""
-    except asyncio.IncompleteReadError:
-        raise PeerGone from None
-
-
-async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
-    body = bytearray()
-    while True:
-        size_text = (await read_line(reader)).split(b";", 1)[0].strip(b" \t")
-        if not _HEX.fullmatch(size_text):
-            raise HttpError(400, "malformed chunk size")
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        if len(body) + size > limit:
-            raise HttpError(413, f"body over {limit} bytes")
-        chunk = await reader.readexactly(size + 2)
-        if not chunk.endswith(b"\r\n"):
-            raise HttpError(400, "chunk not followed by CRLF")
-        body += chunk[:-2]
-    for _ in range(MAX_HEADERS + 1):  # trailer fields, read and dropped
-        if not await read_line(reader):
-            return bytes(body)
-    raise HttpError(431, f"more than {MAX_HEADERS} trailer fields")
+def _detail(err: h11.RemoteProtocolError) -> str:
+    return str(err)[:_DETAIL_CHARS]

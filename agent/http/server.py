@@ -12,9 +12,10 @@ Built so that no peer can silence it:
   place of the connection that has waited longest for its peer (idle, handshaking or sending slowly), and
   is refused only when all of them are being served. Handlers run on `workers` threads. A request head
   must arrive within `read_timeout` of connecting (or `idle_timeout` between keep-alive requests), its
-  body within `read_timeout`, and each write must drain within `write_timeout`. Bodies are limited in size
-  (agent/http/messages.py). The listen backlog is `backlog`.
-- **Malformed requests are answered, not logged as tracebacks**: the status from http_messages, then a
+  body within `read_timeout`, and each write must drain within `write_timeout`. Heads and bodies are limited
+  in size (agent/http/messages.py). The listen backlog is `backlog`.
+- **Malformed requests are answered, not logged as tracebacks**: requests are framed and parsed by h11,
+  under kvscope's bounds (agent/http/messages.py); what they refuse is answered with its status, then a
   bounded "lingering close" so the peer reads the answer before the connection goes.
 - **Basic auth before the body is read**, through agent/http/basic_auth.py: cached credentials cost a
   dictionary lookup; bcrypt runs on its own thread, bounded, so guessing clients never hold a worker.
@@ -44,7 +45,7 @@ from kvscope.agent.http.webconfig import WebConfig
 
 log = logging.getLogger("kvscope.http")
 
-LINE_LIMIT = 8 * 1024  # bytes in one line of a request head (the stream reader's buffer limit)
+STREAM_LIMIT = 8 * 1024  # the stream reader's limit: it stops reading the socket past twice this, until read
 ACCEPT_BATCH = 16  # connections accepted per wake-up of the loop
 LOG_EVERY = 60.0  # seconds between two log lines of the same kind of trouble
 
@@ -227,7 +228,7 @@ class HttpServer:
         loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.StreamReaderProtocol:
-            return asyncio.StreamReaderProtocol(asyncio.StreamReader(LINE_LIMIT), self._accepted)
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(STREAM_LIMIT), self._accepted)
 
         try:
             await loop.connect_accepted_socket(protocol, sock)

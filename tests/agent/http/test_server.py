@@ -346,3 +346,27 @@ def test_what_the_metrics_server_turns_away_is_counted_by_reason() -> None:
         assert counts["evicted"] + counts["full"] >= 2
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("fields", [
+    b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+    b"Content-Length: 5\r\nTransfer-Encoding: gzip\r\n",
+])
+def test_transfer_encoding_with_content_length_is_refused_and_counted(fields: bytes) -> None:
+    """The request-smuggling shape: 400, the connection closed without reading the body as either framing,
+    and counted as a bad request on /metrics."""
+    from kvscope.agent.app.wiring import all_metric_specs
+    from kvscope.agent.core.catalogue import Catalogue
+    from kvscope.agent.core.store import Store
+
+    srv = MetricsServer(Store(Catalogue(all_metric_specs())), "127.0.0.1", 0)
+    srv.start()
+    try:
+        request = b"POST /metrics HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n5\r\nhello\r\n0\r\n\r\n"
+        reply, closed = exchange(srv.port, request, timeout=3.0)
+        assert reply.startswith(b"HTTP/1.1 400") and b"Transfer-Encoding and Content-Length together" in reply
+        assert closed and reply.count(b"HTTP/1.1 ") == 1  # nothing of the body was read as a next request
+        assert _refused_counts(srv.port)["bad_request"] == 1
+    finally:
+        srv.stop()
