@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgspec
-from bench_kv_events import cpu_model, make_payloads, pin_one_core, run_raw
+from bench_kv_events import make_payloads, pin_one_core, run_raw
+from machine import cpu_model
 
 from kvscope.agent.tools.reference.vllm_kv_wire import Vllm033Batch
 

@@ -35,7 +35,7 @@ from kvscope.agent.core.tiers import Tier
 from kvscope.agent.tools.reference.blocks import BlockId, chain_blocks
 from kvscope.agent.tools.reference.compute_cost import CostModel
 from kvscope.agent.tools.reference.geometry import KVGeometry, preset
-from kvscope.agent.tools.reference.kv_publisher import KVEventPublisher
+from kvscope.agent.tools.reference.kv_publisher import KVEventPublisher, PublisherThread
 from kvscope.agent.tools.reference.kvbm_dialect import KvbmMetrics
 from kvscope.agent.tools.reference.tierstore import BlockEvent, TieredStore, TierSpec, Transfer
 from kvscope.agent.tools.reference.tokenizer import output_piece
@@ -129,11 +129,12 @@ class Engine:
                                  write_behind=config.write_behind_blocks)
         self._own_context = zmq_context is None
         self.zmq = zmq_context or zmq.Context()
-        self.publisher: KVEventPublisher | None = None
+        self.publisher: PublisherThread | None = None
         if config.kv_events_endpoint:
-            self.publisher = KVEventPublisher(self.zmq, config.kv_events_endpoint,
-                                              config.kv_events_replay_endpoint, config.kv_events_topic,
-                                              data_parallel_rank=int(config.engine_index), clock=wall)
+            self.publisher = PublisherThread(KVEventPublisher(
+                self.zmq, config.kv_events_endpoint, topic=config.kv_events_topic,
+                replay_endpoint=config.kv_events_replay_endpoint, data_parallel_rank=int(config.engine_index),
+                clock=wall))
         self.tracer = tracer or (RequestTracer(config.otlp_traces_endpoint) if config.otlp_traces_endpoint
                                  else None)
         self.truth = TruthLog(config.truth_path)

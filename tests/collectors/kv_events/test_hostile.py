@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from kvscope.agent.core.readings import Sample
+from kvscope.agent.tools.reference.kv_publisher import ReplayBuffer
 from testkit.kv_zmq import LAB, Publisher, ReplayServer, Subscribers, gpu_batch, subscribers, tier, wait_for
 from testkit.paths import ROOT
 
@@ -33,7 +34,7 @@ def resubscribed(pub: Publisher, timeout: float = 5.0) -> None:
     """Wait for a (re)subscription, skipping the unsubscription a dropped connection leaves behind."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pub.sock.poll(50) and pub.sock.recv()[:1] == b"\x01":
+        if pub.socket.poll(50) and pub.socket.recv()[:1] == b"\x01":
             return
     raise AssertionError("no subscription arrived")
 
@@ -56,7 +57,7 @@ def test_a_deeply_nested_frame_is_counted_and_the_stream_goes_on(make_sub: Subsc
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault itself
 def test_a_socket_thread_that_dies_is_reported_and_started_again(make_sub: Subscribers) -> None:
     pub = Publisher(make_sub.ctx)
-    pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # the new thread's subscription shows even if the old one lingers
+    pub.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # the new thread's subscription shows even if the old one lingers
     sub = make_sub(pub.endpoint)
     pub.wait_subscribed()
     pub.send(0, gpu_batch(1))
@@ -86,7 +87,7 @@ def test_a_socket_thread_that_dies_is_reported_and_started_again(make_sub: Subsc
 
 def test_an_oversized_message_is_refused_and_shows_as_a_gap(make_sub: Subscribers) -> None:
     pub = Publisher(make_sub.ctx)
-    pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # the new connection's subscription shows even if the old lingers
+    pub.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # the new connection's subscription shows even if the old lingers
     sub = make_sub(pub.endpoint, max_message_bytes=4096, max_queue_bytes=65536)
     pub.wait_subscribed()
     pub.send(0, gpu_batch(1))
@@ -226,13 +227,13 @@ def test_the_byte_bound_is_configurable_and_checked() -> None:
 class SlowReplayServer(ReplayServer):
     """A replay ROUTER that answers its first request only after `delay` seconds."""
 
-    def __init__(self, ctx: zmq.Context[Any], buffer: dict[int, bytes], delay: float) -> None:
+    def __init__(self, ctx: zmq.Context[Any], buffer: ReplayBuffer, delay: float) -> None:
         self.delay = delay
         self.asked, self.answered = threading.Event(), threading.Event()
         super().__init__(ctx, buffer)
 
     def _serve(self) -> None:
-        while not self._stop.is_set() and not self.sock.poll(20):
+        while not self._stop.is_set() and not self.router.socket.poll(20):
             pass
         self.asked.set()
         time.sleep(self.delay)

@@ -51,11 +51,11 @@ def test_live_stream_both_formats_with_garbage_in_between(ctx: zmq.Context[Any],
     sub = make_sub(pub.endpoint)
     pub.wait_subscribed()
     pub.send(0, fixture("vllm-0.33.0_map.hex"))
-    pub.send_raw([b"", b"only two frames"])
-    pub.send_raw([b"", b"\x00\x01", fixture("vllm-0.33.0_map.hex")])  # seq frame of 2 bytes
-    pub.send_raw([b"", (1).to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
-    pub.send_raw([b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode({"a": [1, 2]})])  # wrong shape
-    pub.send_raw([b"", (1).to_bytes(8, "big"), b"x", b"four frames"])
+    pub.socket.send_multipart([b"", b"only two frames"])
+    pub.socket.send_multipart([b"", b"\x00\x01", fixture("vllm-0.33.0_map.hex")])  # seq frame of 2 bytes
+    pub.socket.send_multipart([b"", (1).to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
+    pub.socket.send_multipart([b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode({"a": [1, 2]})])  # wrong shape
+    pub.socket.send_multipart([b"", (1).to_bytes(8, "big"), b"x", b"four frames"])
     pub.send(1, fixture("vllm-0.20.0_array.hex"))
     pub.send(2, fixture("vllm-0.11.0_array.hex"))
     pub.send(3, fixture("vllm-0.33.0_tiers.hex"))
@@ -192,7 +192,7 @@ def test_one_socket_per_data_parallel_rank(ctx: zmq.Context[Any], make_sub: Any)
         p.wait_subscribed()
     pubs[0].send(0, gpu_batch(1, 2, 3))
     pubs[1].send(0, gpu_batch(4))
-    pubs[1].send_raw([b"other", (1).to_bytes(8, "big"), gpu_batch(9)])  # another topic: filtered out
+    pubs[1].socket.send_multipart([b"other", (1).to_bytes(8, "big"), gpu_batch(9)])  # another topic: filtered out
     wait_for(sub, "kvscope_kv_resident_blocks", ("vllm", "test-model", "1", "G1"), 1)
     v = wait_for(sub, "kvscope_kv_resident_blocks", (*LAB, "G1"), 3)
     assert v[("kvscope_kv_events_malformed_total", ("vllm", "test-model", "1"))] == 0

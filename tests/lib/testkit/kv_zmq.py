@@ -1,5 +1,6 @@
-"""Helpers of the KV-event subscriber's socket tests: vLLM's publisher and replay server over real ZMQ
-sockets, and readers of the collector's readings."""
+"""Helpers of the KV-event subscriber's socket tests: the shared vLLM publisher and its replay ROUTER
+(kvscope.agent.tools.reference.kv_publisher) as the tests use them over real ZMQ sockets, and readers of the
+collector's readings."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ import msgspec
 import zmq
 
 from kvscope.agent.core.readings import Sample
-from kvscope.agent.tools.reference.vllm_kv_wire import Vllm033AllBlocksCleared, Vllm033Batch, Vllm033BlockStored
+from kvscope.agent.tools.reference.kv_publisher import (
+    AllBlocksCleared,
+    BlockStored,
+    KVEventBatch,
+    KVEventPublisher,
+    ReplayBuffer,
+    ReplayRouter,
+)
 from kvscope.collectors.kv_events.collector import NAME, VllmKvEventsCollector, VllmKvEventsOptions
-from kvscope.collectors.kv_events.schema import END_SEQ
 from testkit.paths import FIXTURES
 
 FIX = FIXTURES / "kv_events"
@@ -27,79 +34,42 @@ def fixture(name: str) -> bytes:
 
 
 def gpu_batch(*hashes: int, medium: str = "GPU", clear: bool = False) -> bytes:
-    events: list[Any] = [Vllm033BlockStored([h], None, [1] * 16, 16, None, medium, None) for h in hashes]
+    events: list[Any] = [BlockStored([h], None, [1] * 16, 16, None, medium, None) for h in hashes]
     if clear:
-        events.insert(0, Vllm033AllBlocksCleared())
-    return msgspec.msgpack.encode(Vllm033Batch(time.time(), events, 0))
+        events.insert(0, AllBlocksCleared())
+    return msgspec.msgpack.encode(KVEventBatch(time.time(), events, 0))
 
 
-class Publisher:
-    """vLLM's PUB side; an XPUB so the test can wait for the subscription instead of sleeping."""
+class Publisher(KVEventPublisher):
+    """The shared publisher as the socket tests use it: an XPUB on a loopback port, so that a test waits for
+    the subscription instead of sleeping, that binds again to the port a closed one has just left (an
+    engine restarted in place)."""
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str = "tcp://127.0.0.1:*", topic: bytes = b"") -> None:
-        self.sock = ctx.socket(zmq.XPUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        deadline = time.monotonic() + 5.0
-        while True:  # a just-closed socket frees its port asynchronously (ZMQ's I/O thread)
-            try:
-                self.sock.bind(endpoint)
-                break
-            except zmq.ZMQError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.topic = topic
-        self.buffer: dict[int, bytes] = {}  # what vLLM's replay ring would hold
-
-    def wait_subscribed(self, timeout: float = 5.0) -> None:
-        assert self.sock.poll(int(timeout * 1000)), "no subscription arrived"
-        assert self.sock.recv()[0] == 1
-
-    def send(self, seq: int, payload: bytes, live: bool = True) -> None:
-        self.buffer[seq] = payload
-        if live:
-            self.sock.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
-
-    def send_raw(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
-
-    def close(self) -> None:
-        self.sock.close(0)
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str = "tcp://127.0.0.1:*") -> None:
+        super().__init__(ctx, endpoint, watch_subscriptions=True, bind_timeout=5.0)
 
 
 class ReplayServer:
-    """vLLM's replay ROUTER (facts §2.2): 0.26+ replies carry the topic, <= 0.25 ones do not."""
+    """vLLM's replay ROUTER over a publisher's buffer, answered on a thread of its own while the test goes
+    on: 0.26+ replies carry the topic, <= 0.25 ones do not. `requests`: the start of each request."""
 
-    def __init__(self, ctx: zmq.Context[Any], buffer: dict[int, bytes], with_topic: bool = True) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.buffer, self.with_topic = buffer, with_topic
+    def __init__(self, ctx: zmq.Context[Any], buffer: ReplayBuffer, with_topic: bool = True) -> None:
         self.requests: list[int] = []
+        self.router = ReplayRouter(ctx, "tcp://127.0.0.1:*", buffer, b"" if with_topic else None,
+                                   on_request=self.requests.append)
+        self.endpoint = self.router.endpoint
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            frames = self.sock.recv_multipart()
-            if len(frames) != 3 or frames[1] != b"":
-                continue  # vLLM logs and ignores invalid requests
-            ident, start = frames[0], int.from_bytes(frames[2], "big")
-            self.requests.append(start)
-            topic = [b""] if self.with_topic else []
-            for seq in sorted(s for s in self.buffer if s >= start):
-                self.sock.send_multipart([ident, b"", *topic, seq.to_bytes(8, "big"), self.buffer[seq]])
-            self.sock.send_multipart([ident, b"", *topic, END_SEQ, b""])
+            self.router.serve(0.02)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.sock.close(0)
+        self.router.close()
 
 
 class Subscribers:
