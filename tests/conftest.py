@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,26 @@ def _one_identity_environment() -> None:
 
 
 _one_identity_environment()
+
+
+def _editable_install_is_complete() -> None:
+    """Installed in setuptools' strict editable mode (make), kvscope is a tree of links to the checkout's
+    files, made at install time: a file added since is not importable until the install is redone. Say
+    so, once, instead of an ImportError deep in some test."""
+    import kvscope
+
+    installed = Path(kvscope.__file__).parent
+    if "__editable__" not in str(installed):
+        return  # a wheel, or another install: nothing to compare
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    missing = [path.relative_to(ROOT) for package, folder in mapping.items()
+               for path in (ROOT / folder).rglob("*.py")
+               if "__pycache__" not in path.parts
+               and not installed.joinpath(*package.split(".")[1:], path.relative_to(ROOT / folder)).exists()]
+    if missing:
+        pytest.exit(f"{len(missing)} file(s) of the checkout are not in the editable install yet "
+                    f"({', '.join(map(str, missing[:3]))}...): run `make` (it reinstalls when files are added)",
+                    returncode=4)
+
+
+_editable_install_is_complete()

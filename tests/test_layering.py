@@ -189,3 +189,13 @@ def test_the_sidecar_path_loads_no_reference_selftest_or_analyze() -> None:
     loaded = proc.stdout.split()
     assert "kvscope.agent.analyses.correlation.analysis" in loaded and "kvscope.collectors.host.disk" in loaded
     assert not [m for m in loaded if m.startswith(TOOLS_PREFIX)], loaded
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    """tests/agent/core/test_store.py tests agent/core/store.py: every folder of tests (but its helpers and
+    fixtures) is a folder of the package, so a test is found where its module is."""
+    folders = [p for p in (ROOT / "tests").rglob("*") if p.is_dir() and p.name != "__pycache__"
+               and p.relative_to(ROOT / "tests").parts[0] not in ("lib", "fixtures")]
+    assert len(folders) > 15
+    orphans = [str(p.relative_to(ROOT)) for p in folders if not (ROOT / p.relative_to(ROOT / "tests")).is_dir()]
+    assert orphans == []
