@@ -66,10 +66,21 @@ class Point:
 
 
 class Window:
-    """What one `StoreReader.window()` saw: the exported series of each metric the reader names."""
+    """What one `StoreReader.window()` saw: the exported series of each metric the reader names, and the
+    value of every series the store held, exported or not (as `Store.value` gives it)."""
 
-    def __init__(self, points: dict[str, dict[LabelValues, Point]]) -> None:
+    def __init__(self, points: dict[str, dict[LabelValues, Point]],
+                 held: dict[str, dict[LabelValues, float]] | None = None) -> None:
         self._points = points
+        self._held = held or {}
+
+    def value(self, name: str, labels: LabelValues) -> float | None:
+        """A held series' value (None when the store does not hold it, or the reader does not name it)."""
+        return self._held.get(name, {}).get(labels)
+
+    def values(self, name: str) -> dict[LabelValues, float]:
+        """Every exported series' value, by labels (as `Store.values` gives it)."""
+        return {labels: point.value for labels, point in self._points.get(name, {}).items()}
 
     def series(self, name: str) -> Iterable[Point]:
         return self._points[name].values()
@@ -107,16 +118,18 @@ class StoreReader:
         snapshot = self._store.snapshot(self._names)
         last, kept = self._last, {}
         points: dict[str, dict[LabelValues, Point]] = {}
+        values: dict[str, dict[LabelValues, float]] = {}
         for name, held in snapshot.items():
-            index, out = self._index[name], {}
+            index, out, named = self._index[name], {}, {}
             for series in held:
                 key = (name, series.labels)
                 kept[key] = (series.born, series.value, series.hist_sum)
+                named[series.labels] = series.value
                 if series.exported:
                     out[series.labels] = _point(index, series, last.get(key))
-            points[name] = out
+            points[name], values[name] = out, named
         self._last = kept
-        return Window(points)
+        return Window(points, values)
 
     def __len__(self) -> int:
         """Series whose previous values the reader keeps (the store holds each of them)."""

@@ -34,6 +34,7 @@ from kvscope.agent.analyses.whatif.stream import Counters, Setup, StreamState
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.kv_access import AccessStream, KvAccessLog, Labels
 from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec
+from kvscope.agent.core.reader import StoreReader, Window
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.records import RecentRequests
 from kvscope.agent.core.store import Store
@@ -43,11 +44,21 @@ log = logging.getLogger("kvscope.whatif")
 PROFILE_ROUTE = "/whatif/profile"
 
 
+# every store series it reads (through a StoreReader, once a run)
+READS = (c.KV_HIT_TOKENS, c.KV_LOOKUP_TOKENS, c.TIER_CAPACITY_TOKENS, c.TIER_CAPACITY_BYTES, c.KV_TRANSFER_BYTES,
+         c.KV_TRANSFER_SECONDS, cm.TOKEN_BYTES, cm.COST_A, cm.COST_B, cm.COST_CONFIDENT, cm.TIER_BANDWIDTH,
+         cm.TIER_LATENCY)
+
+
 class WhatIfAnalysis:
     def __init__(self, options: WhatIfOptions, store: Store, access: KvAccessLog | None,
                  recent: RecentRequests | None, wall_clock: Callable[[], float]) -> None:
         self._o = options
-        self._store, self._access, self._recent, self._wall = store, access, recent, wall_clock
+        self._access, self._recent, self._wall = access, recent, wall_clock
+        # what it reads of the store, once a run: the engine's counters and capacities, and the cost model
+        # the correlation analysis exported (a metric the catalogue lacks is left out)
+        self._reader = StoreReader(store, [name for name in READS if store.catalogue.get(name) is not None])
+        self._window = Window({})
         self._named = [scenario(name, sizes) for name, sizes in sorted(options.scenarios.items())]
         self._states: dict[Labels, StreamState] = {}
         self._cursor = 0
@@ -68,6 +79,7 @@ class WhatIfAnalysis:
         if self._access is None:
             return []
         with self._lock:
+            self._window = self._reader.window()
             requests = self._new_requests()
             for stream in self._access.streams():
                 self._step(stream, requests.get(stream.labels, []))
@@ -172,7 +184,7 @@ class WhatIfAnalysis:
     # -- what the store says -------------------------------------------------------------------------------
 
     def _counters_now(self, stream: AccessStream) -> Counters:
-        store, labels = self._store, stream.labels
+        store, labels = self._window, stream.labels
         hits = {tier: store.value(c.KV_HIT_TOKENS, (*labels, tier)) or 0.0 for tier in TIERS}
         return Counters(store.value(c.KV_LOOKUP_TOKENS, labels) or 0.0, hits, stream.meta.sampled_accesses,
                         stream.meta.new_blocks)
@@ -184,8 +196,8 @@ class WhatIfAnalysis:
             if text is not None:
                 out.append(parse_size(text).blocks(None, geometry))
                 continue
-            tokens = self._store.value(c.TIER_CAPACITY_TOKENS, (*labels, tier))
-            size = self._store.value(c.TIER_CAPACITY_BYTES, (*labels, tier))
+            tokens = self._window.value(c.TIER_CAPACITY_TOKENS, (*labels, tier))
+            size = self._window.value(c.TIER_CAPACITY_BYTES, (*labels, tier))
             if tokens is not None:
                 out.append(int(tokens // geometry.block_tokens))
             elif size is not None and geometry.bytes_per_token > 0:
@@ -216,14 +228,14 @@ class WhatIfAnalysis:
     def _bytes_per_token_of(self, labels: Labels, configured: int) -> int:
         if configured > 0:
             return configured
-        learned = self._store.value(cm.TOKEN_BYTES, labels)
+        learned = self._window.value(cm.TOKEN_BYTES, labels)
         return round(learned) if learned else 0
 
     def _bytes_per_token(self, setup: Setup, labels: Labels) -> float:
-        return float(setup.geometry.bytes_per_token) or (self._store.value(cm.TOKEN_BYTES, labels) or 0.0)
+        return float(setup.geometry.bytes_per_token) or (self._window.value(cm.TOKEN_BYTES, labels) or 0.0)
 
     def _cost(self, labels: Labels) -> Cost | None:
-        store = self._store
+        store = self._window
         a, b = store.value(cm.COST_A, labels), store.value(cm.COST_B, labels)
         if a is None or b is None:
             return None
@@ -237,7 +249,7 @@ class WhatIfAnalysis:
     def _store_costs(self, labels: Labels) -> dict[str, float | None]:
         """Seconds per byte of storing a block G1 evicts into each tier: the engine's G1 -> tier store timer,
         else (a tier G1 never stored into directly) its writes into that tier from G2 (a file write either way)."""
-        moved, spent = self._store.values(c.KV_TRANSFER_BYTES), self._store.values(c.KV_TRANSFER_SECONDS)
+        moved, spent = self._window.values(c.KV_TRANSFER_BYTES), self._window.values(c.KV_TRANSFER_SECONDS)
         out: dict[str, float | None] = {}
         for tier in TIERS[1:]:
             out[tier] = None
@@ -252,7 +264,7 @@ class WhatIfAnalysis:
         """G2 when the engine brings this tier's blocks to G1 through host memory (its onboard bytes go to G2)."""
         if tier == "G2":
             return None
-        moved = self._store.values(c.KV_TRANSFER_BYTES)
+        moved = self._window.values(c.KV_TRANSFER_BYTES)
         to_g2 = moved.get((*labels, tier, "G2"), 0.0)
         return "G2" if to_g2 > moved.get((*labels, tier, "G1"), 0.0) else None
 

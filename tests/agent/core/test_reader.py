@@ -69,8 +69,10 @@ def test_a_series_held_but_omitted_keeps_its_growth_for_when_it_comes_back() -> 
     store.ingest("vllm", [moved(100.0)], 0.0)
     reader.window()
     store.ingest("vllm", [], 1.0)
-    assert list(reader.window().series(MOVED)) == []  # not exported: not read
-    assert len(reader) == 1  # but remembered, as the store holds it
+    window = reader.window()
+    assert list(window.series(MOVED)) == [] and window.values(MOVED) == {}  # not exported: not read as a point
+    assert window.value(MOVED, (*E, "G2", "G1")) == 100.0 == store.value(MOVED, (*E, "G2", "G1"))  # but held
+    assert len(reader) == 1  # and remembered, as the store holds it
     store.ingest("vllm", [moved(140.0)], 2.0)
     (point,) = reader.window().series(MOVED)
     assert (point.growth, point.is_new) == (40.0, False)
