@@ -8,8 +8,8 @@ per metric would take the store's lock once per metric instead of once per expor
 give one consistent cut of the store (the values `/metrics` shows at the same moment).
 
 Names, units and types come from exporters/otlp/names.py. Counters are cumulative monotonic sums; their start
-time is when this exporter first saw the series, and moves to the current export when a total goes
-down (a forgotten series that came back, docs/store.md), so a backend sees a reset, not a decrease.
+time is when this exporter first saw the series, and moves to the current export when the store made the
+series again (forgotten and back, docs/store.md: its total began anew), so a backend sees a reset.
 Histograms become explicit-bucket histograms: OTLP wants per-bucket counts where the store keeps
 cumulative ones, and integers (a fractional count, from a scaled histogram, is rounded).
 
@@ -55,7 +55,7 @@ STOP_GRACE = 2.0  # seconds stop() waits for a last export before it lets the th
 _UNKNOWN = cast(float, None)  # histogram min/max: the store keeps none; None leaves the OTLP fields unset
 
 # (labels, value, bounds, cumulative buckets, sum): one series as copied under the store's lock
-_Copy = tuple[LabelValues, float, tuple[float, ...], tuple[float, ...], float]
+_Copy = tuple[LabelValues, float, tuple[float, ...], tuple[float, ...], float, int]  # ..., born
 
 
 def per_bucket(bounds: tuple[float, ...], cumulative: tuple[float, ...], count: float) -> tuple[list[float], list[int]]:
@@ -78,44 +78,45 @@ class StoreMetrics:
         self._scope = scope
         self._clock_ns = clock_ns
         self._otel: dict[str, OtelMetric] = {spec.name: otel_metric(spec) for spec in store.catalogue}
-        # series -> (start time, last total or count): cumulative points need a start that moves on a reset
-        self._starts: dict[tuple[str, LabelValues], tuple[int, float]] = {}
+        # series -> (start time, the making of it that started then, store.Series.born): a cumulative point's
+        # start moves when the store forgot the series and made it again (its total began anew)
+        self._starts: dict[tuple[str, LabelValues], tuple[int, int]] = {}
 
     def _snapshot(self) -> list[tuple[MetricSpec, list[_Copy]]]:
-        return [(spec, [(s.labels, s.value, s.bounds, tuple(s.buckets), s.hist_sum) for s in group])
+        return [(spec, [(s.labels, s.value, s.bounds, tuple(s.buckets), s.hist_sum, s.born) for s in group])
                 for spec, group in self._store.families()]
 
-    def _start(self, key: tuple[str, LabelValues], total: float, now: int, seen: dict[tuple[str, LabelValues],
-               tuple[int, float]]) -> int:
-        start, last = self._starts.get(key, (now, total))
-        if total < last:
+    def _start(self, key: tuple[str, LabelValues], born: int, now: int,
+               seen: dict[tuple[str, LabelValues], tuple[int, int]]) -> int:
+        start, started = self._starts.get(key, (now, born))
+        if born != started:
             start = now
-        seen[key] = (start, total)
+        seen[key] = (start, born)
         return start
 
     def collect(self) -> MetricsData:
         snapshot = self._snapshot()
         now = self._clock_ns()
-        seen: dict[tuple[str, LabelValues], tuple[int, float]] = {}
+        seen: dict[tuple[str, LabelValues], tuple[int, int]] = {}
         metrics = []
         for spec, series in snapshot:
             otel = self._otel[spec.name]
             data: Sum | Gauge | Histogram
             if otel.kind == "histogram":
                 points = []
-                for labels, count, bounds, buckets, total in series:
+                for labels, count, bounds, buckets, total, born in series:
                     explicit, counts = per_bucket(bounds, buckets, count)
                     points.append(HistogramDataPoint(
                         attributes=dict(zip(spec.labels, labels, strict=True)),
-                        start_time_unix_nano=self._start((spec.name, labels), count, now, seen),
+                        start_time_unix_nano=self._start((spec.name, labels), born, now, seen),
                         time_unix_nano=now, count=sum(counts), sum=total, bucket_counts=counts,
                         explicit_bounds=explicit, min=_UNKNOWN, max=_UNKNOWN))
                 data = Histogram(points, AggregationTemporality.CUMULATIVE)
             else:
                 numbers = [NumberDataPoint(
                     attributes=dict(zip(spec.labels, labels, strict=True)),
-                    start_time_unix_nano=self._start((spec.name, labels), value, now, seen) if otel.monotonic else 0,
-                    time_unix_nano=now, value=value) for labels, value, *_ in series]
+                    start_time_unix_nano=self._start((spec.name, labels), born, now, seen) if otel.monotonic else 0,
+                    time_unix_nano=now, value=value) for labels, value, _, _, _, born in series]
                 data = Sum(numbers, AggregationTemporality.CUMULATIVE, True) if otel.kind == "sum" else Gauge(numbers)
             metrics.append(Metric(otel.name, spec.help, otel.unit, data))
         self._starts = seen  # a series no longer exported is forgotten here too

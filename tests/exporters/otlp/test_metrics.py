@@ -181,6 +181,10 @@ def test_a_counter_that_goes_down_starts_again_and_a_steady_one_keeps_its_start(
     assert starts() == {"a": (1, 12.0)}
     store.ingest("o", [Sample(spec.name, ("a",), 13.0), Sample(spec.name, ("b",), 2.0)], 0.0)  # b afresh: 2 < 5
     assert starts() == {"a": (1, 13.0), "b": (3, 2.0)}
+    # between two exports b is forgotten and made again with a larger total: a new series all the same
+    store.ingest("o", [Sample(spec.name, ("a",), 14.0)], 0.0)
+    store.ingest("o", [Sample(spec.name, ("a",), 15.0), Sample(spec.name, ("b",), 9.0)], 0.0)
+    assert starts() == {"a": (1, 15.0), "b": (4, 9.0)}
 
 
 class Blocking(MetricExporter):
