@@ -2,5 +2,5 @@
 
 harness.py starts engine + agent in-process and captures both sides; checks.py compares them;
 report.py prints and writes the verdicts; demo.py and chart.py make the human-facing report;
-cli.py adds the two subcommands.
+commands.py adds the two subcommands.
 """
