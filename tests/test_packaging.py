@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tomllib
 import zipfile
@@ -138,11 +137,14 @@ def sdist_venv(unpacked_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -
     purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
                                    "print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip())
-    # the dependencies, not kvscope: this environment's site-packages, after the venv's own
-    (purelib / "_kvscope_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # the dependencies: this environment's site directories, after the venv's own (which gets the wheel:
+    # --ignore-installed, as the kvscope this environment has is visible through them)
+    sites = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (purelib / "_kvscope_test_dependencies.pth").write_text("".join(f"{p}\n" for p in sites))
     built = build_wheel(unpacked_sdist, tmp_path_factory.mktemp("sdist-wheel"))
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                           "--no-deps", "--no-index", str(built)], capture_output=True, text=True, timeout=300)
+                           "--no-deps", "--no-index", "--ignore-installed", str(built)],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return venv
 
