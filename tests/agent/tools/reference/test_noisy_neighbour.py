@@ -117,8 +117,12 @@ def check_noisy_neighbour(directory: Path, private: bool) -> None:
     # the agent puts the TTFT increase on fetch
     d_ttft = noisy.ttft / noisy.requests - quiet.ttft / quiet.requests
     d_fetch = (noisy.components["fetch"] - quiet.components["fetch"]) / 16
-    assert d_ttft > 0
-    assert d_fetch >= 0.7 * d_ttft
+    # where each run's seconds went, for a failure to say (once, in a clean-clone run, d_fetch was 0.48 of
+    # d_ttft where 10 probes gave 0.98-1.00: the rest of the increase is not known yet)
+    split = {label: {c: round(v / 16, 4) for c, v in view.components.items()} | {"ttft": round(view.ttft / 16, 4)}
+             for label, view in (("quiet", quiet), ("noisy", noisy))}
+    assert d_ttft > 0, split
+    assert d_fetch >= 0.7 * d_ttft, split
     assert noisy.fetch_share > quiet.fetch_share
     assert noisy.g4_bytes / noisy.g4_seconds < 0.8 * quiet.g4_bytes / quiet.g4_seconds
     assert r.noisy.rps < r.quiet.rps
