@@ -10,7 +10,6 @@ are pyproject.toml's [tool.mypy], as a plain `mypy` would take them.
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
 from mypy import build
@@ -19,25 +18,17 @@ from mypy.main import process_options
 from mypy.modulefinder import BuildSource
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "lib"))  # testkit.package_tree: the tree's files by import name
+
+from testkit.package_tree import module_name, package_files  # noqa: E402
+
 TEST_MODULES = ("testkit.nvml_replay",)  # outside the package, but scripts/gpu_check.py runs it
 
 
-def package_sources(root: Path = ROOT) -> list[BuildSource]:
+def package_sources() -> list[BuildSource]:
     """Every module of the mapped packages, named as installed."""
-    project = tomllib.loads((root / "pyproject.toml").read_text())
-    mapping: dict[str, str] = project["tool"]["setuptools"]["package-dir"]
-    sources = []
-    for package, folder in sorted(mapping.items()):
-        nested = [other for other in mapping.values() if other != folder]
-        for path in sorted((root / folder).rglob("*.py")):
-            rel = path.relative_to(root / folder)
-            if any((root / folder / rel).is_relative_to(root / other) for other in nested):
-                continue
-            parts = [package, *rel.with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            sources.append(BuildSource(str(path.relative_to(root)), ".".join(parts), None))
-    return sources
+    return [BuildSource(str(path.relative_to(ROOT)), module_name(wheel_path), None)
+            for wheel_path, path in sorted(package_files().items())]
 
 
 def main(argv: list[str]) -> int:
@@ -45,9 +36,10 @@ def main(argv: list[str]) -> int:
     _, options = process_options(["--config-file", str(ROOT / "pyproject.toml"), *argv, "-c", "pass"])
     options.mypy_path = [*options.mypy_path, str(ROOT / "tests" / "lib")]
     extra = [BuildSource(f"tests/lib/{name.replace('.', '/')}.py", name, None) for name in TEST_MODULES]
+    sources = package_sources() + extra
     messages: list[str] = []
     try:
-        result = build.build(package_sources() + extra, options,
+        result = build.build(sources, options,
                              flush_errors=lambda _file, new, _serious: messages.extend(new))
     except CompileError as exc:
         messages.extend(exc.messages)
@@ -58,7 +50,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(messages))
     files = len(result.files)
     print(f"{'Found ' + str(len(errors)) + ' errors' if errors else 'Success: no issues'} "
-          f"({len(package_sources()) + len(extra)} source files, {files} modules read)")
+          f"({len(sources)} source files, {files} modules read)")
     return 1 if errors else 0
 
 

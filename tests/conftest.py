@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
+from testkit.package_tree import package_files
 from testkit.paths import FIXTURES, ROOT
 
 
@@ -43,11 +43,8 @@ def _editable_install_is_complete() -> None:
     installed = Path(kvscope.__file__).parent
     if "__editable__" not in str(installed):
         return  # a wheel, or another install: nothing to compare
-    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    missing = [path.relative_to(ROOT) for package, folder in mapping.items()
-               for path in (ROOT / folder).rglob("*.py")
-               if "__pycache__" not in path.parts
-               and not installed.joinpath(*package.split(".")[1:], path.relative_to(ROOT / folder)).exists()]
+    missing = [path.relative_to(ROOT) for wheel_path, path in package_files().items()
+               if not installed.parent.joinpath(wheel_path).exists()]
     if missing:
         pytest.exit(f"{len(missing)} file(s) of the checkout are not in the editable install yet "
                     f"({', '.join(map(str, missing[:3]))}...): run `make` (it reinstalls when files are added)",

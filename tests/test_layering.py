@@ -14,16 +14,16 @@ import ast
 import importlib.util
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
+import kvscope
+from testkit.package_tree import module_name, package_dirs, package_files
 from testkit.paths import ROOT
 
-# where each import name lives: pyproject.toml's package-dir mapping, as the wheel is built
-MAPPING: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-BARE = tuple(sorted({folder for folder in MAPPING.values()}))  # agent, collectors, dashboards, exporters, package
+# the folders the import names live in, as the wheel is built: agent, collectors, dashboards, exporters, package
+BARE = tuple(sorted(set(package_dirs().values())))
 
 # path prefix (in the tree) -> layer; the longest prefix wins
 LAYERS = {
@@ -63,13 +63,8 @@ def layer_of_path(rel: str) -> str | None:
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the package, by its one import name, from the mapping."""
-    out = {}
-    for package, folder in MAPPING.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
-            out[".".join(parts).removesuffix(".__init__")] = path
-    return out
+    """Every module of the package, by its one import name."""
+    return {module_name(wheel_path): path for wheel_path, path in package_files().items()}
 
 
 def layer(module: str, known: dict[str, Path]) -> str | None:
@@ -151,10 +146,12 @@ def test_the_suite_cannot_import_the_folders_by_their_bare_names() -> None:
     repository root, as tests start `kvscope run` and `python -c`, can import `agent` and the others."""
     assert [name for name in BARE if importlib.util.find_spec(name) is not None] == []
     probe = f"import importlib.util; print([n for n in {list(BARE)!r} if importlib.util.find_spec(n)])"
-    for argv in ([sys.executable, "-c", probe], [sys.executable, "-m", "kvscope", "version"]):
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip() in ("[]", f"kvscope {__import__('kvscope').__version__}"), proc.stdout
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (found.returncode, found.stdout.strip()) == (0, "[]"), found.stdout + found.stderr
+    # and the package runs from there by its one name
+    version = subprocess.run([sys.executable, "-m", "kvscope", "version"], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+    assert (version.returncode, version.stdout.strip()) == (0, f"kvscope {kvscope.__version__}"), version.stderr
 
 
 def test_one_file_one_module() -> None:

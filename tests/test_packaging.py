@@ -21,25 +21,11 @@ from pathlib import Path
 import pytest
 
 from kvscope import __version__
+from testkit.package_tree import package_files
 from testkit.paths import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PROJECT["tool"]["setuptools"]
-MAPPING: dict[str, str] = SETUPTOOLS["package-dir"]
-
-
-def wheel_path_of(package: str, rel: Path) -> str:
-    return "/".join([*package.split("."), *rel.parts])
-
-
-def tree_modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every .py of the package folders, by its path in the wheel."""
-    out = {}
-    for package, folder in MAPPING.items():
-        for path in (root / folder).rglob("*.py"):
-            if "__pycache__" not in path.parts:
-                out[wheel_path_of(package, path.relative_to(root / folder))] = path
-    return out
 
 
 def build_wheel(source: Path, out: Path) -> Path:
@@ -65,7 +51,7 @@ def test_the_only_top_level_import_name_is_kvscope(wheel: zipfile.ZipFile) -> No
 
 def test_every_module_of_the_tree_is_in_the_wheel_at_its_one_name(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    expected = tree_modules()
+    expected = package_files()
     assert len(expected) > 150
     assert sorted(set(expected) - names) == []
     assert sorted(n for n in names if n.endswith(".py") and n not in expected) == []
@@ -80,7 +66,7 @@ def test_the_package_list_names_every_folder_of_the_tree() -> None:
     """The list in pyproject.toml is explicit (nothing else is installed); a new folder with an
     __init__.py that is not in it would be left out of the wheel without a word."""
     found = {path.rsplit("/", 1)[0].replace("/", ".").removesuffix(".__init__.py")
-             for path in tree_modules() if path.endswith("/__init__.py")}
+             for path in package_files() if path.endswith("/__init__.py")}
     assert sorted(found ^ set(SETUPTOOLS["packages"])) == []
 
 
@@ -120,7 +106,7 @@ def test_the_sdist_carries_what_a_packager_needs(unpacked_sdist: Path) -> None:
                 "tests/fixtures/vllm", "dashboards/rules/tests/kvscope.alerts.test.yml", "bench/summary.py",
                 "scripts/typecheck.py", "docs", "deploy"):
         assert (unpacked_sdist / rel).exists(), rel
-    assert sorted(tree_modules(unpacked_sdist)) == sorted(tree_modules())
+    assert sorted(package_files(unpacked_sdist)) == sorted(package_files())
     tests_here = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("*") if p.is_file()
                         and "__pycache__" not in p.parts and ".pytest_cache" not in p.parts)
     tests_there = sorted(p.relative_to(unpacked_sdist).as_posix() for p in (unpacked_sdist / "tests").rglob("*")

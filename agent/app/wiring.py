@@ -37,7 +37,7 @@ from kvscope.agent.core.pipeline import (
 )
 from kvscope.agent.core.records import RecordBuffer
 from kvscope.agent.core.store import Store
-from kvscope.agent.core.streams import GPU_INTERVALS, REQUEST_RECORDS, STREAMS, GpuIntervals, Streams, StreamUse
+from kvscope.agent.core.streams import GPU_INTERVALS, REQUEST_RECORDS, GpuIntervals, Streams, StreamUse
 from kvscope.agent.runtime.scheduler import Scheduler, analysis_job, collector_job
 from kvscope.collectors.registry import collector_specs
 from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
@@ -169,13 +169,11 @@ def make_streams(streams: Streams, uses: Iterable[tuple[StreamUse, Any]]) -> Non
     """Makes each buffer stream that an enabled stage writes and one reads (or that a writer alone needs),
     at the largest size its readers ask for."""
     uses = list(uses)
-    for stream in STREAMS:
-        if stream.make is None:
-            continue
-        written = any(stream in use.writes for use, _ in uses)
-        asked = [use.reads[stream] for use, _ in uses if stream in use.reads]
-        if written and (asked or not stream.needs_reader):
-            sizes = [size(options) for (use, options) in uses if (size := use.reads.get(stream)) is not None]
+    named = dict.fromkeys(s for use, _ in uses for s in (*use.writes, *use.reads) if s.make is not None)
+    for stream in named:
+        read = [(use.reads[stream], options) for use, options in uses if stream in use.reads]
+        if any(stream in use.writes for use, _ in uses) and (read or not stream.needs_reader):
+            sizes = [size(options) for size, options in read if size is not None]
             streams.make(stream, max(sizes, default=stream.default_size))
 
 

@@ -92,9 +92,6 @@ class Window:
     def get(self, name: str, labels: LabelValues) -> Point | None:
         return self._points[name].get(labels)
 
-    def __contains__(self, key: tuple[str, LabelValues]) -> bool:
-        return key[1] in self._points.get(key[0], {})
-
 
 class StoreReader:
     def __init__(self, store: Store, metrics: Iterable[str]) -> None:
@@ -108,10 +105,6 @@ class StoreReader:
             self._index[name] = {label: i for i, label in enumerate(spec.labels)}
         # (metric, labels) -> (born, value, sum) at the previous window
         self._last: dict[tuple[str, LabelValues], tuple[int, float, float]] = {}
-
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        return self._names
 
     def window(self) -> Window:
         """One snapshot of every named metric, with each series' growth since the previous call."""

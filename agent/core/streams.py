@@ -25,7 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.records import AttributedRequest, RecordBuffer
 
-__all__ = ["ATTRIBUTED_REQUESTS", "GPU_INTERVALS", "HTTP_ROUTES", "KV_ACCESS", "REQUEST_RECORDS", "STREAMS",
+__all__ = ["ATTRIBUTED_REQUESTS", "GPU_INTERVALS", "HTTP_ROUTES", "KV_ACCESS", "REQUEST_RECORDS",
            "GpuIntervals", "RequestSink", "Route", "Stream", "StreamUse", "Streams"]
 
 T = TypeVar("T")
@@ -71,8 +71,6 @@ ATTRIBUTED_REQUESTS: Stream[RequestSink] = Stream(
 HTTP_ROUTES: Stream[Mapping[str, Route]] = Stream(
     "http_routes", "GET routes served beside /metrics, behind the same TLS and auth")
 
-STREAMS: tuple[Stream[Any], ...] = (REQUEST_RECORDS, KV_ACCESS, GPU_INTERVALS, ATTRIBUTED_REQUESTS, HTTP_ROUTES)
-
 
 @dataclass(frozen=True, slots=True)
 class StreamUse:
@@ -94,7 +92,8 @@ class Streams:
 
     def make(self, stream: Stream[T], size: int) -> T:
         assert stream.make is not None, f"{stream.name} is offered by a stage, not made"
-        made = self._made[stream] = stream.make(size)
+        made: T = stream.make(size)
+        self._made[stream] = made
         return made
 
     def offer(self, stream: Stream[T], value: T) -> None:
@@ -116,6 +115,3 @@ class Streams:
     def every(self, stream: Stream[T]) -> list[T]:
         """Every offer, in the order they were made (a live list: offers made later are in it too)."""
         return self._offered.setdefault(stream, [])
-
-    def __contains__(self, stream: Stream[Any]) -> bool:
-        return stream in self._made or bool(self._offered.get(stream))

@@ -11,13 +11,11 @@ from kvscope.agent.analyses.whatif.analysis import WhatIfAnalysis
 from kvscope.agent.app import wiring as wiring_module
 from kvscope.agent.app.wiring import build_agent, components
 from kvscope.agent.config.settings import load_config
-from kvscope.agent.core import streams as streams_module
 from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec, CollectorContext, CollectorSpec, Components
 from kvscope.agent.core.readings import Reading
 from kvscope.agent.core.records import RecordBuffer
 from kvscope.agent.core.streams import KV_ACCESS, Stream, StreamUse
 from kvscope.collectors.gpu.nvml import NvmlCollector
-from kvscope.collectors.registry import collector_specs
 from kvscope.collectors.requests.otlp_traces import OtlpTracesReceiver
 from kvscope.exporters.jsonl import JsonlSink
 
@@ -105,8 +103,12 @@ def test_streams_are_connected_from_the_specs_alone() -> None:
     """A collector and an analysis the wiring has never heard of, joined by a stream only their specs name."""
     made: list[RecordBuffer] = []
     seen: dict[str, object] = {}
-    extra = Stream("test_stream", "a buffer between two test stages", lambda size: made.append(RecordBuffer(size))
-                   or made[-1], default_size=7)
+
+    def make(size: int) -> RecordBuffer:
+        made.append(RecordBuffer(size))
+        return made[-1]
+
+    extra = Stream("test_stream", "a buffer between two test stages", make, default_size=7)
 
     class Source:  # a collector and an analysis in one: collect() and run()
         def collect(self) -> list[Reading]:
@@ -133,13 +135,7 @@ def test_streams_are_connected_from_the_specs_alone() -> None:
     analyses = {**parts.analyses, "sink": AnalysisSpec("sink", "test", Size, sink, (),
                                                        streams=StreamUse(reads={extra: lambda o: o.size}))}
     with_extra = Components(collectors, analyses, parts.sinks)
-    original = streams_module.STREAMS
-    streams_module.STREAMS = (*original, extra)
-    wiring_module.STREAMS = streams_module.STREAMS
-    try:
-        build_agent(load_config(BASE, with_extra, environ={}), with_extra)
-    finally:
-        streams_module.STREAMS = wiring_module.STREAMS = original
+    build_agent(load_config(BASE, with_extra, environ={}), with_extra)
     assert len(made) == 1 and made[0].capacity == 42
     assert seen == {"source": made[0], "sink": made[0]}
 
@@ -149,6 +145,7 @@ def test_the_wiring_special_cases_no_stage() -> None:
     tree = ast.parse(Path(wiring_module.__file__).read_text())
     calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     assert "isinstance" not in calls
-    names = {name for spec in (*collector_specs().values(), *components().analyses.values()) for name in [spec.name]}
+    parts = components()
+    names = {spec.name for spec in (*parts.collectors.values(), *parts.analyses.values(), *parts.sinks.values())}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert names & strings == set()

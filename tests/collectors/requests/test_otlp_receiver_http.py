@@ -14,20 +14,21 @@ import pytest
 
 from kvscope.agent.core.pipeline import CollectorContext
 from kvscope.agent.core.records import RecordBuffer
-from kvscope.agent.core.streams import REQUEST_RECORDS, Streams
-from kvscope.collectors.requests.otlp_traces import EXPORTS, PROTOBUF, OtlpTracesOptions, OtlpTracesReceiver, build
+from kvscope.agent.core.streams import REQUEST_RECORDS
+from kvscope.collectors.requests.otlp_traces import (
+    EXPORTS,
+    PROTOBUF,
+    SPEC,
+    OtlpTracesOptions,
+    OtlpTracesReceiver,
+    build,
+)
 from testkit.http import Certificate, basic, exchange, read_until_closed, self_signed
 from testkit.paths import FIXTURES
+from testkit.stages import streams_for
 
 FIXTURE = FIXTURES / "correlation" / "otlp" / "llm_request.binpb"
 LIMIT = 64 * 1024
-
-
-def streams_with_records() -> Streams:
-    """The streams the wiring makes for an enabled OTLP receiver: a request-record buffer of its own."""
-    streams = Streams()
-    streams.make(REQUEST_RECORDS, 1024)
-    return streams
 
 
 def counts(receiver: OtlpTracesReceiver) -> dict[tuple[str, ...], float]:
@@ -110,8 +111,9 @@ def secured(certificate: Certificate, tmp_path: Path) -> tuple[OtlpTracesReceive
     cfg = tmp_path / "web.yml"
     cfg.write_text(f"tls_server_config:\n  cert_file: {certificate.cert}\n  key_file: {certificate.key}\n"
                    f"basic_auth_users:\n  vllm: '{hashed}'\n")
-    context = CollectorContext(streams=streams_with_records())
-    rx = build(OtlpTracesOptions(listen="127.0.0.1:0", web_config_file=str(cfg)), context)
+    options = OtlpTracesOptions(listen="127.0.0.1:0", web_config_file=str(cfg))
+    context = CollectorContext(streams=streams_for(SPEC.streams, options))
+    rx = build(options, context)
     rx.start()
     return rx, context.streams.require(REQUEST_RECORDS)
 

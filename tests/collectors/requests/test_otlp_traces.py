@@ -13,11 +13,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from kvscope.agent.core.pipeline import CollectorContext
 from kvscope.agent.core.records import RecordBuffer
-from kvscope.agent.core.streams import REQUEST_RECORDS, Streams
+from kvscope.agent.core.streams import REQUEST_RECORDS
 from kvscope.collectors.requests.otlp_traces import (
     EXPORTS,
     PROTOBUF,
     SPANS,
+    SPEC,
     Labels,
     OtlpTracesOptions,
     OtlpTracesReceiver,
@@ -25,15 +26,9 @@ from kvscope.collectors.requests.otlp_traces import (
     decode_export,
 )
 from testkit.paths import FIXTURES
+from testkit.stages import streams_for
 
 FIXTURE = FIXTURES / "correlation" / "otlp" / "llm_request.binpb"
-
-
-def streams_with_records() -> Streams:
-    """The streams the wiring makes for an enabled OTLP receiver: a request-record buffer of its own."""
-    streams = Streams()
-    streams.make(REQUEST_RECORDS, 1024)
-    return streams
 
 
 def counts(receiver: OtlpTracesReceiver) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -108,8 +103,9 @@ def test_real_sdk_exporter_over_http(compression: str) -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import SpanKind
 
-    context = CollectorContext(streams=streams_with_records())
-    rx = build(OtlpTracesOptions(listen="127.0.0.1:0", model="served"), context)
+    options = OtlpTracesOptions(listen="127.0.0.1:0", model="served")
+    context = CollectorContext(streams=streams_for(SPEC.streams, options))
+    rx = build(options, context)
     rx.start()
     try:
         host, port = rx.address
