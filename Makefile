@@ -10,7 +10,7 @@ TREE   := $(shell find package agent collectors exporters dashboards -type f -no
 STAMP  := $(VENV)/.installed-$(TREE)
 export KVSCOPE_REQUIRE_TOOLS ?= 1
 
-.PHONY: all run test lint typecheck unit bench fuzz tools gpu-check dashboards clean
+.PHONY: all run test e2e lint typecheck unit bench fuzz tools gpu-check dashboards clean
 
 all: test
 
@@ -46,6 +46,13 @@ lint: $(STAMP)
 
 test: $(STAMP) tools lint
 	$(BIN)/pytest
+
+# A real vLLM (the CPU build, in its own venv: e2e/setup_vllm.sh, cached) on a tiny local Llama, with
+# `kvscope run` beside it; kvscope's figures against the engine's own counters (e2e/).
+E2E_VENV ?= .e2e/vllm
+e2e: $(STAMP)
+	e2e/setup_vllm.sh $(E2E_VENV)
+	KVSCOPE_E2E_VENV=$(abspath $(E2E_VENV)) $(BIN)/pytest e2e
 
 # >= 100,000 inputs into every parser and decoder of the agent's inputs; counts and crashes per target,
 # crashing inputs kept in fuzz-crashes/ (tests/lib/testkit/fuzz.py; about a minute on 2 cores)

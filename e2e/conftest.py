@@ -1,0 +1,125 @@
+"""`make e2e`: a real `vllm serve` (the CPU build) on a tiny local Llama, with `kvscope run` beside it.
+
+The venv comes from e2e/setup_vllm.sh (Makefile: KVSCOPE_E2E_VENV); the model is built once per session
+with that venv's Python. Both processes write their logs into the session's temporary folder, and a
+failing start shows the log's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
+MAX_MODEL_LEN = 2048
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{url}: the process exited ({process.returncode}); log tail:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"{url} not ready after {seconds:.0f} s; log tail:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass(frozen=True)
+class Live:
+    model: str
+    engine_url: str  # http://127.0.0.1:PORT
+    agent_url: str
+    folder: Path
+    block_tokens: int = BLOCK_TOKENS
+    kv_bytes_per_token: int = 512
+
+
+@pytest.fixture(scope="session")
+def venv() -> Path:
+    path = Path(os.environ.get("KVSCOPE_E2E_VENV", HERE.parent / ".e2e" / "vllm"))
+    if not (path / "bin" / "vllm").exists():
+        pytest.fail(f"no vLLM venv at {path}: run `make e2e` (it runs e2e/setup_vllm.sh first)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    subprocess.run([str(venv / "bin" / "python"), str(HERE / "tiny_llama.py"), str(folder)], check=True,
+                   capture_output=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    folder = tmp_path_factory.mktemp("live")
+    engine, events, replay, otlp, agent = (free_port() for _ in range(5))
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}",
+                 "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}
+    engine_log = folder / "vllm.log"
+    serve = subprocess.Popen(
+        [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(engine),
+         "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching",
+         "--kv-events-config", json.dumps(kv_events), "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"],
+        env=env, stdout=engine_log.open("wb"), stderr=subprocess.STDOUT)
+    config = folder / "kvscope.toml"
+    config.write_text(f"""[agent]
+interval = 1.0
+[exporters.prometheus]
+listen = "127.0.0.1:{agent}"
+[collectors.vllm]
+enabled = true
+urls = ["http://127.0.0.1:{engine}/metrics"]
+[collectors.vllm_kv_events]
+enabled = true
+endpoint = "tcp://127.0.0.1:{events}"
+replay_endpoint = "tcp://127.0.0.1:{replay}"
+model = "{model}"
+kv_bytes_per_token = 512
+[collectors.otlp_traces]
+enabled = true
+listen = "127.0.0.1:{otlp}"
+model = "{model}"
+""")
+    agent_log = folder / "kvscope.log"
+    sidecar = subprocess.Popen([str(Path(sys.executable).parent / "kvscope"), "run", "--config", str(config)],
+                               stdout=agent_log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{agent}/metrics", sidecar, agent_log, 30)
+        wait_http(f"http://127.0.0.1:{engine}/v1/models", serve, engine_log, 300)
+        yield Live(str(model), f"http://127.0.0.1:{engine}", f"http://127.0.0.1:{agent}", folder)
+    finally:
+        stop(serve)
+        stop(sidecar)
