@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,10 @@ def model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    folder = tmp_path_factory.mktemp("live")
+@contextmanager
+def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
+           max_model_len: int = MAX_MODEL_LEN) -> Iterator[Live]:
+    """vllm serve and kvscope run, each on free ports; `gpu_blocks` forces G1 small (blocks are evicted)."""
     engine, events, replay, otlp, agent = (free_port() for _ in range(5))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
@@ -91,8 +93,9 @@ def live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     engine_log = folder / "vllm.log"
     serve = subprocess.Popen(
         [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(engine),
-         "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching",
-         "--kv-events-config", json.dumps(kv_events), "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"],
+         "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(max_model_len), "--enable-prefix-caching",
+         "--kv-events-config", json.dumps(kv_events), "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces",
+         *(["--num-gpu-blocks-override", str(gpu_blocks)] if gpu_blocks else [])],
         env=env, stdout=engine_log.open("wb"), stderr=subprocess.STDOUT)
     config = folder / "kvscope.toml"
     config.write_text(f"""[agent]
@@ -123,3 +126,21 @@ model = "{model}"
     finally:
         stop(serve)
         stop(sidecar)
+
+
+@pytest.fixture(scope="module")
+def live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with launch(venv, model, tmp_path_factory.mktemp("live")) as running:
+        yield running
+
+
+# 2,048 tokens: the three shared prefixes (~500 tokens each) and their continuations do not all stay. vLLM
+# wants the max model length to fit in one block less than G1 ("estimated maximum model length is 2016").
+SMALL_G1_BLOCKS = 64
+
+
+@pytest.fixture(scope="module")
+def small_live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with launch(venv, model, tmp_path_factory.mktemp("small"), gpu_blocks=SMALL_G1_BLOCKS,
+                max_model_len=1024) as running:
+        yield running

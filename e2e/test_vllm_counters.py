@@ -67,7 +67,12 @@ def settled(live: Any, name: str, engine_name: str) -> tuple[Page, Page]:
 
 
 def test_counters_equal_the_engines_own(live: Any) -> None:
-    for prompt in prompts(seed=1, count=24):
+    check_counters(live, seed=1, count=24)
+
+
+def check_counters(live: Any, seed: int, count: int) -> tuple[Page, Page]:
+    """Drives `count` requests one at a time and holds kvscope's page to the engine's; returns both pages."""
+    for prompt in prompts(seed=seed, count=count):
         stream(live, prompt)
     engine, agent = settled(live, "kvscope_ttft_seconds_count", "vllm:time_to_first_token_seconds_count")
     pairs = [
@@ -80,7 +85,7 @@ def test_counters_equal_the_engines_own(live: Any) -> None:
         assert total(agent, ours) == total(engine, theirs), (ours, total(agent, ours), theirs, total(engine, theirs))
     assert total(engine, "vllm:prefix_cache_hits_total") > 0  # the prompts share prefixes
     assert total(agent, "kvscope_kv_hit_tokens_total", tier="G1") == total(engine, "vllm:prefix_cache_hits_total")
-    assert total(engine, "vllm:time_to_first_token_seconds_count") == 24
+    assert total(engine, "vllm:time_to_first_token_seconds_count") == count
     # KV events: none lost, malformed or dropped; resident G1 blocks as stored − removed, used bytes from them
     for fault in ("missed", "malformed", "dropped"):
         assert total(agent, f"kvscope_kv_events_{fault}_total") == 0, fault
@@ -89,6 +94,7 @@ def test_counters_equal_the_engines_own(live: Any) -> None:
     gpu_blocks = float(next(dict(lab)["num_gpu_blocks"] for (n, lab) in engine if n == "vllm:cache_config_info"))
     assert 0 < resident <= gpu_blocks and stored > 0
     assert total(agent, "kvscope_tier_used_bytes", tier="G1") == resident * live.block_tokens * live.kv_bytes_per_token
+    return engine, agent
 
 
 def test_every_span_becomes_an_attribution_that_adds_up_to_its_ttft(live: Any) -> None:
