@@ -80,6 +80,10 @@ def check_counters(live: Any, seed: int, count: int) -> tuple[Page, Page]:
         ("kvscope_prompt_tokens_total", "vllm:prompt_tokens_total"),
         ("kvscope_ttft_seconds_count", "vllm:time_to_first_token_seconds_count"),
         ("kvscope_ttft_seconds_sum", "vllm:time_to_first_token_seconds_sum"),
+        ("kvscope_queue_time_seconds_count", "vllm:request_queue_time_seconds_count"),
+        ("kvscope_queue_time_seconds_sum", "vllm:request_queue_time_seconds_sum"),
+        ("kvscope_prefill_time_seconds_count", "vllm:request_prefill_time_seconds_count"),
+        ("kvscope_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_sum"),
     ]
     for ours, theirs in pairs:
         assert total(agent, ours) == total(engine, theirs), (ours, total(agent, ours), theirs, total(engine, theirs))
