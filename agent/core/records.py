@@ -107,7 +107,7 @@ Method = Literal["measured", "estimated", "derived"]
 # the components of a TTFT, in the order of a request's path (other is what remains, wherever it sat)
 COMPONENTS = ("queue", "fetch", "offload", "prefill", "other")
 # the attribution errors an Attribution carries (attribute names), exported as the error counter's `kind`
-ERROR_KINDS = ("negative_remainder", "fetch_overflow", "estimate_overflow", "offload_overflow")
+ERROR_KINDS = ("negative_remainder", "fetch_overflow", "estimate_overflow", "offload_overflow", "idle_overflow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,11 @@ class Attribution:
     fetch_overflow: float = 0.0  # fetch larger than the phase that contains it, by this much
     estimate_overflow: float = 0.0  # estimated compute larger than the measured prefill, by this much
     offload_overflow: float = 0.0  # offload larger than what was left of the prefill phase, by this much
+    # GPU idle seen in prefill phases (beyond fetch and offload) larger than what was left of the window's
+    # prefill sum, by this much (aggregate only: a request's idle never exceeds its own phase)
+    idle_overflow: float = 0.0
+    # GPU idle seconds of the prefill phase (beyond its fetch and offload) moved from prefill to other
+    prefill_idle: float = 0.0
 
     def seconds(self, component: str) -> float:
         part = self.parts.get(component)

@@ -33,6 +33,11 @@ FETCH_CARRY_WINDOWS = 60
 # most this many windows. Attributed apart, the first window would count the missing phases as `other`
 # and the next one, with no TTFT of its own, would not be attributed at all.
 HOLD_WINDOWS = 5
+# A window is also held until the per-request records of its requests have come (their GPU idle time is
+# taken out of its prefill sum), where the engine sends records with GPU samples: spans leave the engine
+# through a BatchSpanProcessor, which exports every 5 s (OTEL_BSP_SCHEDULE_DELAY), so they lag the
+# histograms by seconds whatever the agent's interval. Held for at most this long (or HOLD_WINDOWS).
+RECORD_HOLD_SECONDS = 15.0
 BELOW_G1 = (Tier.G2.value, Tier.G3.value, Tier.G4.value, Tier.UNATTRIBUTED.value)
 
 
@@ -54,16 +59,41 @@ METRICS = (contract.TTFT_SECONDS, contract.QUEUE_SECONDS, contract.PREFILL_SECON
 
 class WindowAttribution:
     def __init__(self, models: Models, outputs: Outputs,
-                 fetch_inside: Callable[[str], FetchInside], offload_inside: Callable[[str], OffloadInside]) -> None:
+                 fetch_inside: Callable[[str], FetchInside], offload_inside: Callable[[str], OffloadInside],
+                 expect_records: Callable[[], bool] = lambda: False) -> None:
+        """`expect_records`: per-request records with GPU samples may come (a record stream and GPUs): every
+        engine's windows wait for them until it has sent none for RECORD_HOLD_SECONDS."""
         self._models, self._out = models, outputs
+        self._expect_records = expect_records
+        self._silent: set[Key] = set()  # engines whose windows waited in vain: not held for records until they send
         self._fetch_inside, self._offload_inside = fetch_inside, offload_inside
         # fetch (offload) waiting for its phase, windows waited
         self._fetch_carry: dict[Key, tuple[float, int]] = {}
         self._offload_carry: dict[Key, tuple[float, int]] = {}
         # windows held until their requests' queue and prefill time are observed: totals, counts, windows
-        self._held: dict[Key, tuple[WindowTotals, _Counts, int]] = {}
+        self._held: dict[Key, tuple[WindowTotals, _Counts, int, float]] = {}  # ..., since (wall)
+        # GPU idle in the prefill phases of the per-request records (beyond their fetch and offload): seconds
+        # waiting for a window's prefill sum, windows waited; and the records that brought it, per key
+        self._idle_carry: dict[Key, tuple[float, int]] = {}
+        self._idle_records: dict[Key, int] = {}
+        self._record_offload: dict[Key, float] = {}
 
-    def step(self, snapshot: Window) -> WindowSummary:
+    def add_idle(self, seconds: dict[Key, float], records: dict[Key, int], offload: dict[Key, float]) -> None:
+        """The per-request records' GPU idle time in their prefill phases (RequestAttribution.idle_by_key),
+        to be taken out of the prefill sum of the windows that hold those requests. A key that has sent
+        any is tracked: its windows are held until as many records have come as TTFTs were observed, and
+        their offload is the records' own (the engine's store clock per request, bookkeeping between
+        blocks included) instead of the transfer seconds of the links leaving G1."""
+        for key, n in records.items():
+            self._silent.discard(key)
+            self._idle_records[key] = self._idle_records.get(key, 0) + n
+        for key, offloaded in offload.items():
+            self._record_offload[key] = self._record_offload.get(key, 0.0) + offloaded
+        for key, idle in seconds.items():
+            held, waited = self._idle_carry.pop(key, (0.0, 0))
+            self._idle_carry[key] = (held + idle, waited)
+
+    def step(self, snapshot: Window, now: float = 0.0) -> WindowSummary:
         """One window of the store (a StoreReader's snapshot of METRICS) attributed."""
         models, window = self._models, WindowSummary()
         fetch: dict[Key, float] = defaultdict(float)
@@ -117,29 +147,40 @@ class WindowAttribution:
             prefill = snapshot.get(contract.PREFILL_SECONDS, labels)
             carried, waited = self._fetch_carry.pop(key, (0.0, 0))
             offload_carried, offload_waited = self._offload_carry.pop(key, (0.0, 0))
+            idle_carried, idle_waited = self._idle_carry.pop(key, (0.0, 0))
             method: Method = "estimated" if offload_method.get(key) == "estimated" else "measured"
             totals = WindowTotals(ttft.sum_growth, None if queue is None else queue.sum_growth,
                                   None if prefill is None else prefill.sum_growth,
                                   fetch[key] + carried if key in has_fetch or carried else None,
                                   offload[key] + offload_carried if key in offload_method or offload_carried else None,
-                                  method)
+                                  method, idle_carried or None)
             if ttft.growth > 0:
                 models.reused_per_request[key] = reused[key] / ttft.growth
             if (ttft.growth == 0 and ttft.sum_growth == 0 and not fetch[key] and not carried and not offload[key]
                     and not offload_carried and key not in self._held):
+                if idle_carried:  # no prefill sum to take it from in this window
+                    self._carry(self._idle_carry, key, idle_carried, "idle_overflow", idle_waited)
                 continue
             counts = _Counts(ttft.growth, None if queue is None else queue.growth,
-                             None if prefill is None else prefill.growth)
-            held = self._hold(key, totals, counts)
+                             None if prefill is None else prefill.growth,
+                             self._records_for(key))
+            held = self._hold(key, totals, counts, now)
             if held is None:
                 continue
+            by_records = key in self._record_offload
+            if by_records:  # the records time this engine's offload: their sum replaces the links' seconds
+                held = replace(held, offload=self._record_offload[key], offload_method="measured")
+                self._record_offload[key] = 0.0
             attribution = attribute_window(held, self._fetch_inside(key[0]), self._offload_inside(key[0]))
             if attribution.fetch_overflow > 0 and waited < FETCH_CARRY_WINDOWS:
                 self._fetch_carry[key] = (attribution.fetch_overflow, waited + 1)
                 attribution = replace(attribution, fetch_overflow=0.0)
-            if attribution.offload_overflow > 0 and offload_waited < FETCH_CARRY_WINDOWS:
+            if attribution.offload_overflow > 0 and offload_waited < FETCH_CARRY_WINDOWS and not by_records:
                 self._offload_carry[key] = (attribution.offload_overflow, offload_waited + 1)
                 attribution = replace(attribution, offload_overflow=0.0)
+            if attribution.idle_overflow > 0 and idle_waited < FETCH_CARRY_WINDOWS:
+                self._idle_carry[key] = (attribution.idle_overflow, idle_waited + 1)
+                attribution = replace(attribution, idle_overflow=0.0)
             self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
@@ -150,20 +191,34 @@ class WindowAttribution:
             self._carry(self._offload_carry, key, offload[key], "offload_overflow")
         return window
 
-    def _hold(self, key: Key, totals: WindowTotals, counts: _Counts) -> WindowTotals | None:
+    def _records_for(self, key: Key) -> float | None:
+        """Records with GPU samples that came for this engine since its last window; None: not waited for."""
+        if key in self._idle_records:
+            n = self._idle_records[key]
+            self._idle_records[key] = 0
+            return float(n)
+        return 0.0 if key not in self._silent and self._expect_records() else None
+
+    def _hold(self, key: Key, totals: WindowTotals, counts: _Counts, now: float) -> WindowTotals | None:
         """This window's totals with those held before it, or None while its TTFTs are still ahead of their
-        queue or prefill observations (held, for at most HOLD_WINDOWS windows)."""
-        windows = 0
+        queue or prefill observations (held for at most HOLD_WINDOWS windows) or of their records (at most
+        RECORD_HOLD_SECONDS, or HOLD_WINDOWS windows if that is longer)."""
+        windows, since = 0, now
         if key in self._held:
-            before, before_counts, windows = self._held.pop(key)
+            before, before_counts, windows, since = self._held.pop(key)
             totals, counts = _joined(before, totals), before_counts + counts
-        if counts.ahead() and windows + 1 < HOLD_WINDOWS:
-            self._held[key] = (totals, counts, windows + 1)
+        ahead = counts.phases_ahead() or counts.records_ahead()
+        if (ahead and windows + 1 < HOLD_WINDOWS) or (counts.records_ahead() and now - since < RECORD_HOLD_SECONDS):
+            self._held[key] = (totals, counts, windows + 1, since)
             return None
+        if counts.records == 0 and key not in self._idle_records:
+            self._silent.add(key)  # waited in vain: this engine sends no records (with GPU samples)
         return totals
 
-    def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str) -> None:
-        held, waited = carry.pop(key, (0.0, 0))
+    def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str,
+               waited: int | None = None) -> None:
+        held, already = carry.pop(key, (0.0, 0))
+        waited = already if waited is None else waited
         if waited < FETCH_CARRY_WINDOWS:
             if held + seconds > 0:
                 carry[key] = (held + seconds, waited + 1)
@@ -173,18 +228,25 @@ class WindowAttribution:
 
 @dataclass(frozen=True, slots=True)
 class _Counts:
-    """Requests observed in a span of windows: TTFTs, and queue and prefill times (None: not reported)."""
+    """Requests observed in a span of windows: TTFTs, queue and prefill times, and per-request records
+    with GPU samples (None: not reported / not tracked)."""
 
     ttft: float
     queue: float | None
     prefill: float | None
+    records: float | None = None
 
     def __add__(self, other: _Counts) -> _Counts:
-        return _Counts(self.ttft + other.ttft, _add(self.queue, other.queue), _add(self.prefill, other.prefill))
+        return _Counts(self.ttft + other.ttft, _add(self.queue, other.queue), _add(self.prefill, other.prefill),
+                       _add(self.records, other.records))
 
-    def ahead(self) -> bool:
+    def phases_ahead(self) -> bool:
         """Some TTFT has no queue or prefill time yet (its request has not finished)."""
         return any(n is not None and self.ttft > n for n in (self.queue, self.prefill))
+
+    def records_ahead(self) -> bool:
+        """Some TTFT has no per-request record yet (its span has not come: its GPU idle is not known)."""
+        return self.records is not None and self.ttft > self.records
 
 
 def _add(a: float | None, b: float | None) -> float | None:
@@ -194,4 +256,4 @@ def _add(a: float | None, b: float | None) -> float | None:
 def _joined(a: WindowTotals, b: WindowTotals) -> WindowTotals:
     method: Method = "estimated" if "estimated" in (a.offload_method, b.offload_method) else "measured"
     return WindowTotals(a.ttft + b.ttft, _add(a.queue, b.queue), _add(a.prefill, b.prefill), _add(a.fetch, b.fetch),
-                        _add(a.offload, b.offload), method)
+                        _add(a.offload, b.offload), method, _add(a.prefill_idle, b.prefill_idle))

@@ -37,13 +37,15 @@ class CorrelationEngine:
         self._o = options
         self._records, self._wall = records, wall_clock
         self._models, self._out = Models(options), Outputs()
-        self._window = WindowAttribution(self._models, self._out, self._fetch_inside, self._offload_inside)
+        self._window = WindowAttribution(self._models, self._out, self._fetch_inside, self._offload_inside,
+                                         lambda: records is not None and gpu_intervals is not None
+                                         and bool(gpu_intervals.gpus()))
         self._paths = PathWatch(options, self._out)
         # one snapshot of what both read, each window (no store: records only)
         self._reader = (StoreReader(store, (*AGGREGATE_METRICS, *self._paths.metrics(store.catalogue)))
                         if store is not None else None)
         self._requests = RequestAttribution(self._models, self._out, self._fetch_inside,
-                                            options.fit_ttft_when_no_prefill, sinks)
+                                            options.fit_ttft_when_no_prefill, sinks, gpu_intervals)
         self._stall = StallTracker(gpu_intervals, options.stall_settle_seconds, self._out)
         self._last_now: float | None = None
 
@@ -56,12 +58,16 @@ class CorrelationEngine:
         now = self._wall()
         dt = None if self._last_now is None else now - self._last_now
         self._last_now = now
-        snapshot = self._reader.window() if self._reader is not None else None
-        window = self._window.step(snapshot) if snapshot is not None else WindowSummary()
-        if self._records is not None:
+        if self._records is not None:  # first: the window takes the records' GPU idle out of its prefill
             self._stall.add(self._requests.step(self._records.drain()))
             if self._records.received:
                 self._out.counters[(m.RECORDS_DROPPED, ())] = float(self._records.dropped)
+            r = self._requests
+            self._window.add_idle(r.idle_by_key, r.idle_records, r.offload_by_key)
+            for taken in (r.idle_by_key, r.idle_records, r.offload_by_key):
+                taken.clear()
+        snapshot = self._reader.window() if self._reader is not None else None
+        window = self._window.step(snapshot, now) if snapshot is not None else WindowSummary()
         self._breakeven()
         if snapshot is not None and dt and dt > 0:
             self._paths.step(snapshot, window, dt)

@@ -27,6 +27,12 @@ schedules a request) has its store time inside the prefill phase (`"prefill"`). 
     prefill = prefill_time − fetch − offload   for what sits there (derived), else prefill_time (measured)
     other   = TTFT − queue_time − prefill_time                     (derived; the remainder)
 
+A GPU that sat idle inside the prefill phase, outside its fetch and offload, was not computing this
+request: scheduling gaps, the engine's own bookkeeping, a CPU-starved engine thread (correlation.md §1
+puts them in `other`). Per request, where the GPU samples tell (`cross_layer.idle_seconds` over the
+phase), that idle time leaves `prefill` for `other`; the aggregate takes the same seconds out of its
+window's prefill sum (`WindowTotals.prefill_idle`).
+
 `other` is never negative: when measured parts exceed TTFT it is 0 and the excess is reported as
 `negative_remainder`; fetch (offload) that does not fit in what is left of the phase that should contain
 it is capped and the excess reported as `fetch_overflow` (`offload_overflow`). So Σ components = TTFT +
@@ -45,7 +51,7 @@ from kvscope.agent.core.records import COMPONENTS, Attribution, Method, Part, Re
 FetchInside = Literal["queue", "prefill"]
 OffloadInside = Literal["prefill", "none"]
 __all__ = ["COMPONENTS", "FetchInside", "OffloadInside", "WindowTotals", "attribute_request", "attribute_window",
-           "compute_sample", "estimate_fetch", "measured_fetch"]
+           "compute_sample", "estimate_fetch", "idle_gap", "measured_fetch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,7 @@ class WindowTotals:
     fetch: float | None
     offload: float | None = None  # store seconds of the links leaving G1
     offload_method: Method = "measured"  # "estimated" when it came from bytes over a bandwidth
+    prefill_idle: float | None = None  # GPU idle in the requests' prefill phases beyond fetch and offload
 
 
 def _finish(ttft: float, parts: dict[str, Part], **errors: float) -> Attribution:
@@ -95,7 +102,26 @@ def attribute_window(totals: WindowTotals, fetch_inside: FetchInside,
             offload_overflow = _carve(parts, "prefill", "offload", totals.offload, totals.offload_method)
         else:
             parts["offload"] = Part(totals.offload, totals.offload_method)
-    return _finish(totals.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
+    idle_overflow = moved = 0.0
+    if totals.prefill_idle and "prefill" in parts:
+        idle_overflow = _idle(parts, totals.prefill_idle)
+        moved = totals.prefill_idle - idle_overflow
+    return _finish(totals.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow,
+                   idle_overflow=idle_overflow, prefill_idle=moved)
+
+
+def idle_gap(idle: float | None, inside: float) -> float:
+    """GPU idle seconds in a prefill phase beyond the fetch and offload that sit in it (they idle it too)."""
+    return max(0.0, idle - inside) if idle else 0.0
+
+
+def _idle(parts: dict[str, Part], seconds: float) -> float:
+    """Moves `seconds` of GPU idle time out of `prefill` (to the remainder, `other`); returns the excess."""
+    phase = parts["prefill"].seconds
+    taken = min(seconds, phase)
+    if taken > 0:
+        parts["prefill"] = Part(phase - taken, "derived")
+    return seconds - taken
 
 
 def estimate_fetch(
@@ -143,11 +169,14 @@ def attribute_request(
     model: PrefillCostModel,
     fetch_estimate: float | None,
     fetch_inside: FetchInside,
+    prefill_idle: float | None = None,
 ) -> Attribution:
     """Per-request attribution; `fetch_estimate` is the tier model's Σ bytes/BW + L (or None).
 
     A record's measured offload is, by its definition, inside the prefill phase: it is carved from there
-    first, whatever the engine's aggregate setting says.
+    first, whatever the engine's aggregate setting says. `prefill_idle`: seconds the GPU was idle during
+    the request's measured prefill phase (None: no GPU samples); what exceeds the fetch and offload in
+    that phase goes from prefill to other.
     """
     parts: dict[str, Part] = {}
     if record.queue is not None:
@@ -185,11 +214,20 @@ def attribute_request(
             overflow = _carve(parts, fetch_inside, "fetch", fetch, fetch_method)
         else:
             parts["fetch"] = Part(fetch, fetch_method)
-    return _finish(record.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow)
+    moved = 0.0
+    if "prefill" in phases and prefill_idle:
+        inside = parts["offload"].seconds if record.offload_seconds is not None and "offload" in parts else 0.0
+        if fetch_inside == "prefill" and "fetch" in parts:
+            inside += parts["fetch"].seconds
+        gap = idle_gap(prefill_idle, inside)
+        moved = gap - _idle(parts, gap)
+    return _finish(record.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow,
+                   prefill_idle=moved)
 
 
 def compute_sample(
-    record: RequestRecord, fetch_inside: FetchInside, ttft_when_no_prefill: bool = False
+    record: RequestRecord, fetch_inside: FetchInside, ttft_when_no_prefill: bool = False,
+    prefill_idle: float | None = None,
 ) -> tuple[int, int, float] | None:
     """(new, ctx, seconds of pure compute) when the record pins its compute time down, else None.
 
@@ -197,18 +235,20 @@ def compute_sample(
     prefill time is pure compute once a measured offload (if any) is taken out; a sync-load engine's,
     once a measured (or known-zero) fetch is too. A client record without phases counts only if allowed
     (`ttft_when_no_prefill`) and the request was cold — TTFT then also holds queueing, so it suits
-    unloaded sweeps like the seeds'.
+    unloaded sweeps like the seeds'. GPU idle time in the prefill phase beyond its fetch and offload
+    (`prefill_idle`, as in attribute_request) is not compute either.
     """
     new, ctx = record.new_tokens, record.cached_tokens
     if new is None or ctx is None or new <= 0:
         return None
     if record.prefill is not None:
-        spent = record.prefill - (record.offload_seconds or 0.0)
+        inside = record.offload_seconds or 0.0
         if fetch_inside == "prefill":
             fetch = measured_fetch(record)
             if fetch is None:
                 return None
-            spent -= fetch
+            inside += fetch
+        spent = record.prefill - inside - idle_gap(prefill_idle, inside)
         return (new, ctx, spent) if spent > 0 else None
     if ttft_when_no_prefill and ctx == 0:
         return new, 0, record.ttft - (record.queue or 0.0)

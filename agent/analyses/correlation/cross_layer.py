@@ -68,14 +68,41 @@ def stall_seconds(gpu_samples: Iterable[tuple[float, float, float]], fetch_only:
     return total
 
 
+def idle_seconds(gpu_samples: Iterable[Sequence[tuple[float, float, float]]], interval: Interval) -> float | None:
+    """Seconds of `interval` during which every GPU was idle, as far as the samples can tell; None: no GPU.
+
+    A sample wholly inside the interval counts its idle fraction × its length (it knows how much of it
+    was idle, and all of it is inside); one reaching outside counts its overlap only when it was idle
+    throughout (busy 0), since its busy time may lie inside. So the figure is exact for exact intervals
+    (the reference engine's device slot) and never over-counts at NVML's ~1/6 s resolution. Several GPUs
+    (tensor parallel): the least idle one bounds it, as one engine computes on all of them.
+    """
+    lo, hi = interval
+    per_gpu: list[float] = []
+    for samples in gpu_samples:
+        idle = 0.0
+        for start, end, busy in samples:
+            if end <= lo or start >= hi or end <= start:
+                continue
+            free = 1.0 - min(1.0, max(0.0, busy))
+            if lo <= start and end <= hi:
+                idle += free * (end - start)
+            elif free >= 1.0:
+                idle += min(end, hi) - max(start, lo)
+        per_gpu.append(idle)
+    return min(per_gpu) if per_gpu else None
+
+
 def phase_intervals(record: RequestRecord, attribution: Attribution,
                     fetch_inside: FetchInside) -> tuple[list[Interval], list[Interval]]:
     """(fetch intervals, compute intervals) of one request, wall-clock seconds.
 
     Explicit intervals from the source win. Otherwise they are placed from the phase durations: the
-    first token at arrival + TTFT, compute (prefill) right before it, and the fetch right before the
-    compute (an async load ends when the request is scheduled; a sync load precedes the step's compute).
-    The placement has the timestamps' resolution (ns for spans) but assumes no overlap of load and compute.
+    first token at arrival + TTFT, compute (prefill) right before it; an async load ends when the request
+    is scheduled (the start of the prefill phase), a sync load starts the step, so it opens the prefill
+    phase (and, with no phase measured, sits right before the compute). The placement has the timestamps'
+    resolution (ns for spans) but assumes no overlap of load and compute; whatever else the phase holds
+    (offload, GPU idle moved to other) lies between them.
     """
     if record.fetch_intervals or record.compute_intervals:
         return list(record.fetch_intervals), list(record.compute_intervals)
@@ -85,7 +112,12 @@ def phase_intervals(record: RequestRecord, attribution: Attribution,
     compute_start = first_token - compute
     if record.prefill is not None and fetch_inside == "queue":
         compute_start = first_token - record.prefill
-    fetches = [(compute_start - fetch, compute_start)] if fetch > 0 else []
+        fetch_start = compute_start - fetch
+    elif record.prefill is not None:
+        fetch_start = first_token - record.prefill
+    else:
+        fetch_start = compute_start - fetch
+    fetches = [(fetch_start, fetch_start + fetch)] if fetch > 0 else []
     computes = [(compute_start, first_token)] if compute > 0 else []
     return fetches, computes
 

@@ -48,7 +48,8 @@ METRICS = (
     counter(ATTRIBUTION_ERROR, "seconds", (*_E, "basis", "kind"),
             "Attribution inconsistencies, never hidden: negative_remainder (measured parts exceed TTFT), "
             "fetch_overflow (fetch exceeds the phase containing it), estimate_overflow (estimated compute "
-            "exceeds measured prefill), offload_overflow (offload exceeds what is left of the prefill phase). "
+            "exceeds measured prefill), offload_overflow (offload exceeds what is left of the prefill phase), "
+            "idle_overflow (GPU idle in prefill phases exceeds what is left of the window's prefill). "
             "basis is aggregate or request.", _SRC),
     counter(REQUEST_ATTRIBUTED, "seconds", (*_E, "component", "method"),
             "Per-request TTFT attribution (queue, fetch, offload, prefill, other) summed over attributed "

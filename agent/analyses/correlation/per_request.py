@@ -1,7 +1,9 @@
 """Per-request attribution: each record the sources left in the buffer, split and handed to the sinks.
 
 The prefill cost model is refitted first, so this window's requests use this window's fit; the tier
-fetch models learn from every record that measured its fetch.
+fetch models learn from every record that measured its fetch. Where GPU samples cover a record's prefill
+phase, the GPU's idle time in it (beyond fetch and offload) is taken out of its prefill, out of the cost
+model's sample, and handed to the aggregate (`idle_by_key`) so that its prefill sum loses it too.
 """
 
 from __future__ import annotations
@@ -23,24 +25,45 @@ from kvscope.agent.analyses.correlation.counterfactuals import (
     typical_reused_tokens,
 )
 from kvscope.agent.analyses.correlation.state import Key, Models, Outputs
-from kvscope.agent.core.pipeline import RequestSink
+from kvscope.agent.core.pipeline import GpuIntervals, RequestSink
 from kvscope.agent.core.records import AttributedRequest, Interval, RequestRecord
 
 
 class RequestAttribution:
     def __init__(self, models: Models, outputs: Outputs, fetch_inside: Callable[[str], FetchInside],
-                 fit_ttft_when_no_prefill: bool, sinks: Sequence[RequestSink]) -> None:
+                 fit_ttft_when_no_prefill: bool, sinks: Sequence[RequestSink],
+                 gpus: GpuIntervals | None = None) -> None:
         self._models, self._out, self._fetch_inside = models, outputs, fetch_inside
         self._fit_ttft = fit_ttft_when_no_prefill
         self._sinks = sinks
+        self._gpus = gpus
+        # per engine key: GPU idle seconds in attributed prefill phases beyond their fetch and offload, and
+        # the records that had GPU samples, since the aggregate last took them (take_idle)
+        self.idle_by_key: dict[Key, float] = defaultdict(float)
+        self.idle_records: dict[Key, int] = defaultdict(int)
+        self.offload_by_key: dict[Key, float] = defaultdict(float)  # those records' measured offload
+
+    def _prefill_idle(self, records: list[RequestRecord]) -> list[float | None]:
+        """Each record's GPU idle seconds in its prefill phase (first token at arrival + TTFT); None: unknown."""
+        if self._gpus is None or not any(r.prefill is not None for r in records):
+            return [None] * len(records)
+        samples = [self._gpus.recent_samples(gpu) for gpu in self._gpus.gpus()]
+        out: list[float | None] = []
+        for r in records:
+            end = r.arrival + r.ttft
+            covered = r.prefill is not None and any(s and s[0][0] <= end - r.prefill for s in samples)
+            out.append(signals.idle_seconds(samples, (end - r.prefill, end))
+                       if covered and r.prefill is not None else None)
+        return out
 
     def step(self, records: list[RequestRecord]) -> list[tuple[list[Interval], list[Interval]]]:
         """Attributes the records; returns each one's (fetch, compute) intervals for the stall signal."""
         models, out = self._models, self._out
         touched: set[Key] = set()
-        for record in records:
+        idle = self._prefill_idle(records)
+        for record, prefill_idle in zip(records, idle, strict=True):
             key = (record.engine, record.model, record.dp_rank)
-            sample = compute_sample(record, self._fetch_inside(record.engine), self._fit_ttft)
+            sample = compute_sample(record, self._fetch_inside(record.engine), self._fit_ttft, prefill_idle)
             if sample is not None:
                 models.model(key).add(*sample)
                 touched.add(key)
@@ -54,13 +77,18 @@ class RequestAttribution:
         results: list[AttributedRequest] = []
         intervals = []
         by_key: dict[Key, list[RequestRecord]] = defaultdict(list)
-        for record in records:
+        for record, prefill_idle in zip(records, idle, strict=True):
             key = (record.engine, record.model, record.dp_rank)
             by_key[key].append(record)
             model, inside = models.model(key), self._fetch_inside(record.engine)
             estimate = estimate_fetch(record, lambda tier, moved: models.tier(key, tier).seconds(moved),  # noqa: B023
                                       lambda _tier: models.bytes_per_token(key))  # noqa: B023
-            attribution = attribute_request(record, model, estimate, inside)
+            attribution = attribute_request(record, model, estimate, inside, prefill_idle)
+            if prefill_idle is not None:
+                self.idle_by_key[key] += attribution.prefill_idle
+                self.idle_records[key] += 1
+                if record.offload_seconds is not None:
+                    self.offload_by_key[key] += record.offload_seconds
             out.add_attribution(m.REQUEST_ATTRIBUTED, key, attribution, "request")
             out.counters[(m.REQUESTS_ATTRIBUTED, (*key, record.source or "unknown"))] += 1
             if "fetch" in attribution.parts and record.ttft > 0:

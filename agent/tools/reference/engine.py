@@ -321,17 +321,23 @@ class Engine:
         req.out.put(("done", tr.finish_reason))
 
     def _device(self, seconds: float, work: Callable[[], object] | None = None) -> tuple[float, float]:
-        """Holds the device slot busy for `seconds` (at least as long as `work` takes)."""
+        """Holds the device slot busy for `seconds` (at least as long as `work` takes); returns its busy span.
+
+        The slot is busy until `start + seconds` (or the end of `work`), as a GPU finishes its kernels on
+        time: when the OS wakes this thread later than that (a CPU-starved host), the delay is the host's,
+        an idle device and the truth's `other`, not compute.
+        """
         m, L = self.metrics, self.metrics.labels
         start = self.clock()
         m.busy.labels(*L).set(1)
         m.usage.labels(*L).set(len(self.store.pinned) / max(1, self.config.g1_blocks))
         if work is not None:
             work()
-        remaining = seconds - (self.clock() - start)
+        worked = self.clock()
+        remaining = seconds - (worked - start)
         if remaining > 0:
             time.sleep(remaining)
-        end = self.clock()
+        end = max(worked, start + seconds)
         m.busy.labels(*L).set(0)
         m.busy_seconds.labels(*L).inc(end - start)
         self.device_intervals.append((self.wall_at(start), self.wall_at(end)))

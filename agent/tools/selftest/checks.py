@@ -15,8 +15,8 @@ Tolerances, and why:
   below 1e-12. A real loss (a missed request) is at least one TTFT, orders of magnitude above.
 - TTFT components: shares of the aggregate within 5 percentage points (correlation.md §6). The agent
   gets fetch from transfer seconds, which leave out bookkeeping between the hops, offload from the
-  engine's store timer (G1 → G2), and cannot see the engine's own "other" inside the prefill phase
-  (lookup, publishing events): that time lands in its prefill.
+  engine's store timer (G1 → G2), and sees the engine's own "other" inside the prefill phase
+  (lookup, publishing events, a descheduled thread) only as GPU idle time in the device slot's samples.
 - per request: fetch and prefill each within 10 % of the request's TTFT, for ≥ 90 % of requests.
 - prefill saved: within 10 % of the truth. The agent fits its cost model on measured phases; the
   engine knows each request's recompute cost from its own model.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.agent.analyses.correlation import metrics as m
-from kvscope.agent.analyses.correlation.aggregate import HOLD_WINDOWS
+from kvscope.agent.analyses.correlation.aggregate import HOLD_WINDOWS, RECORD_HOLD_SECONDS
 from kvscope.agent.analyses.correlation.analysis import SPEC, CorrelationEngine, build
 from kvscope.agent.analyses.correlation.options import CorrelationOptions
 from kvscope.agent.core import contract
@@ -373,3 +373,53 @@ def test_a_held_window_is_attributed_after_hold_windows_however_its_requests_end
         clock.t += 1
     assert seen == {"queue": pytest.approx(0.6), "prefill": pytest.approx(0.4),
                     "other": pytest.approx(2.0 + HOLD_WINDOWS - 1 - 1.0)}
+
+
+def test_a_window_waits_for_its_records_and_loses_their_gpu_idle_from_prefill() -> None:
+    """One request (1 s TTFT: 0.1 s queue, 0.8 s prefill) on an engine that sends records and has a GPU.
+    Its window waits for the record; the GPU idled 0.5 s of the prefill phase, 0.2 s of it the request's
+    own measured offload: the other 0.3 s leave prefill for other, in the record and in the aggregate, and
+    the aggregate's offload is the record's 0.2 s, not the 0.3 s the links leaving G1 were busy."""
+    store, buffer, clock = make_store(), RecordBuffer(), Clock(901.0)
+    gpus = FakeGpus([(900.0, 900.2, 1.0), (900.2, 900.7, 0.0), (900.7, 901.0, 1.0)])
+    engine = CorrelationEngine(CorrelationOptions(offload_inside="prefill"), store, buffer, gpus, clock)
+
+    def observe() -> None:
+        store.ingest("vllm", [hist(contract.TTFT_SECONDS, 1.0, 1), hist(contract.QUEUE_SECONDS, 0.1, 1),
+                              hist(contract.PREFILL_SECONDS, 0.8, 1),
+                              Sample(contract.KV_TRANSFER_SECONDS, (*E, "G1", "G2"), 0.3)], clock.t)
+
+    observe()
+    assert sum(attributed(engine.run()).values()) == 0.0  # held: its record has not come
+    buffer.put([record(0, arrival=900.0, ttft=1.0, queue=0.1, prefill=0.8, offload_seconds=0.2)])
+    clock.t += 1
+    observe()
+    readings = engine.run()
+    split = {"queue": pytest.approx(0.1), "offload": pytest.approx(0.2), "prefill": pytest.approx(0.3),
+             "other": pytest.approx(0.4)}
+    assert attributed(readings) == split
+    per_request = {lab[3]: r.value for (name, lab), r in by_key(readings).items()
+                   if name == m.REQUEST_ATTRIBUTED and isinstance(r, Sample)}
+    assert per_request == split
+
+
+def test_an_engine_that_sends_no_records_is_waited_for_once() -> None:
+    store, clock = make_store(), Clock()
+    gpus = FakeGpus([(990.0, 2000.0, 0.0)])
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), gpus, clock)
+    start, n = clock.t, 0
+    while True:
+        n += 1
+        store.ingest("vllm", [hist(contract.TTFT_SECONDS, 1.0 * n, n), hist(contract.QUEUE_SECONDS, 0.1 * n, n),
+                              hist(contract.PREFILL_SECONDS, 0.8 * n, n)], clock.t)
+        seen = attributed(engine.run())
+        if sum(seen.values()):
+            break
+        clock.t += 1
+    assert clock.t - start == RECORD_HOLD_SECONDS  # held for its records, then attributed whole
+    assert seen == {"queue": pytest.approx(0.1 * n), "prefill": pytest.approx(0.8 * n), "other": pytest.approx(0.1 * n)}
+    clock.t += 1
+    store.ingest("vllm", [hist(contract.TTFT_SECONDS, 1.0 * n + 1, n + 1),
+                          hist(contract.QUEUE_SECONDS, 0.1 * n + 0.1, n + 1),
+                          hist(contract.PREFILL_SECONDS, 0.8 * n + 0.8, n + 1)], clock.t)
+    assert sum(attributed(engine.run()).values()) == pytest.approx(n + 1.0)  # counters: the next 1 s, not held

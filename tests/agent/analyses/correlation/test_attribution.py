@@ -148,3 +148,27 @@ def test_typical_reused_tokens_is_the_median_of_reusing_requests() -> None:
     records = [span_record(cached_tokens=c) for c in (0, 100, 300, 1000, None)]
     assert typical_reused_tokens(records) == 300.0
     assert typical_reused_tokens([span_record(cached_tokens=0)]) is None
+
+
+def test_gpu_idle_in_the_prefill_phase_beyond_fetch_and_offload_is_other() -> None:
+    record = span_record(ttft=1.0, queue=0.1, prefill=0.8, prompt_tokens=4096, cached_tokens=2048,
+                         fetch_seconds=0.2, offload_seconds=0.1)
+    # the GPU idled 0.45 s of the 0.8 s phase: 0.3 s of it fetch and offload, 0.15 s nothing of this request
+    a = attribute_request(record, PrefillCostModel(), None, "prefill", prefill_idle=0.45)
+    assert a.seconds("prefill") == pytest.approx(0.8 - 0.2 - 0.1 - 0.15)
+    assert a.seconds("other") == pytest.approx(0.1 + 0.15)
+    assert a.prefill_idle == pytest.approx(0.15)
+    assert total(a) == pytest.approx(1.0)
+    quiet = attribute_request(record, PrefillCostModel(), None, "prefill", prefill_idle=0.25)
+    assert quiet.prefill_idle == 0.0 and quiet.seconds("prefill") == pytest.approx(0.5)  # idle only while loading
+    assert compute_sample(record, "prefill", prefill_idle=0.45) == (2048, 2048, pytest.approx(0.35))
+    assert compute_sample(record, "prefill") == (2048, 2048, pytest.approx(0.5))
+
+
+def test_window_gpu_idle_leaves_prefill_and_what_does_not_fit_is_reported() -> None:
+    a = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=6.0, fetch=1.5, prefill_idle=1.0), "prefill")
+    assert a.seconds("prefill") == pytest.approx(3.5) and a.seconds("other") == pytest.approx(3.0)
+    assert a.prefill_idle == 1.0 and a.idle_overflow == 0.0
+    over = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=2.0, fetch=1.5, prefill_idle=1.0), "prefill")
+    assert over.seconds("prefill") == 0.0 and over.idle_overflow == pytest.approx(0.5)
+    assert total(over) == pytest.approx(10.0)

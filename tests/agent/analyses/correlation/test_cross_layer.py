@@ -11,6 +11,7 @@ from kvscope.agent.analyses.correlation.cross_layer import (
     Thresholds,
     assess_path,
     clip,
+    idle_seconds,
     phase_intervals,
     stall_seconds,
     subtract,
@@ -90,3 +91,25 @@ def test_saturation_needs_the_peak_and_a_growing_fetch_share() -> None:
     assert not assess_path(steady, QUIET, PEAK).saturated
     below = PathWindow(path_bps=150e9, kv_bps=140e9, fetch_bandwidth=9e9, fetch_share=0.3)
     assert not assess_path(below, QUIET, PEAK).saturated
+
+
+def test_idle_seconds_counts_only_what_the_samples_place_inside_the_interval() -> None:
+    gpu = [(0.0, 1.0, 0.0),   # reaches in from before, idle throughout: its 0.5 s inside count
+           (1.0, 2.0, 0.25),  # wholly inside: 0.75 s idle
+           (2.0, 2.5, 1.0),   # busy
+           (2.5, 4.0, 0.5)]   # reaches out, half busy: its busy time may be inside, so none counts
+    assert idle_seconds([gpu], (0.5, 3.0)) == pytest.approx(0.5 + 0.75)
+    busier = [(0.0, 4.0, 0.9)]
+    assert idle_seconds([gpu, busier], (0.5, 3.0)) == 0.0  # tensor parallel: the least idle GPU bounds it
+    assert idle_seconds([], (0.5, 3.0)) is None
+    assert idle_seconds([[(5.0, 6.0, 0.0)]], (0.5, 3.0)) == 0.0
+
+
+def test_a_sync_fetch_opens_the_measured_prefill_phase() -> None:
+    record = RequestRecord("r", "vllm", "m", "0", arrival=100.0, ttft=3.0, queue=1.0, prefill=1.5,
+                           prompt_tokens=2000, cached_tokens=1000, fetch_seconds=0.5)
+    attribution = attribute_request(record, PrefillCostModel(), None, "prefill", prefill_idle=0.7)
+    assert attribution.seconds("prefill") == pytest.approx(0.8)  # 1.5 − 0.5 fetch − 0.2 idle beyond it
+    fetches, computes = phase_intervals(record, attribution, "prefill")
+    assert fetches == [(pytest.approx(101.5), pytest.approx(102.0))]  # the phase starts at 103 − 1.5
+    assert computes == [(pytest.approx(102.2), 103.0)]
