@@ -38,11 +38,13 @@ def build() -> Dashboard:
             [Query(f"sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval]))")]),
     ]
     split = [
-        timeseries_panel("Share of TTFT: queue / fetch / offload / prefill / other", (
-            "Where time to first token goes, as a share of the TTFT sum: waiting to be scheduled (queue), "
+        timeseries_panel("Share of TTFT: frontend / queue / fetch / offload / prefill / other", (
+            "Where time to first token goes, as a share of the TTFT sum: the engine's API server before the "
+            "request is queued and on the first token's way out (frontend), waiting to be scheduled (queue), "
             "moving KV blocks toward the GPU (fetch), evicting and storing blocks down inside the step "
             "(offload; only engines that store synchronously have it), computing the prompt (prefill) and "
-            "the remainder (other). "
+            "what no timer of the engine places: GPU idle inside the prefill phase, or all of the remainder "
+            "where the engine reports no phases (other). "
             "From the correlation engine's attribution of the engine's histogram sums and transfer times "
             "(kvscope_ttft_attributed_seconds_total / kvscope_ttft_seconds_sum); per pod it is the recording "
             "rule kvscope:ttft_component_share:ratio_rate5m."), "percentunit",
@@ -90,7 +92,7 @@ def build() -> Dashboard:
     ]
     return build_dashboard(
         "kvscope / TTFT attribution", UID,
-        "Time to first token and where it goes: queue, KV fetch, offload, prefill and other, fetch share against "
-        "prompt length, and each tier's fetch bandwidth against its break-even.",
+        "Time to first token and where it goes: frontend, queue, KV fetch, offload, prefill and other, fetch share "
+        "against prompt length, and each tier's fetch bandwidth against its break-even.",
         ("instance", "engine", "model", "tier"),
         [("Time to first token", ttft), ("Where TTFT goes", split), ("The engine's phases", engine)])

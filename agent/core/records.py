@@ -104,15 +104,19 @@ class RecordBuffer:
 
 
 Method = Literal["measured", "estimated", "derived"]
-# the components of a TTFT, in the order of a request's path (other is what remains, wherever it sat)
-COMPONENTS = ("queue", "fetch", "offload", "prefill", "other")
+# the components of a TTFT, in the order of a request's path: frontend (what the engine timed outside its
+# queue and prefill phases: arrival -> queued, and the first token's way out), then the engine core's phases;
+# other is what no timer of the engine places (GPU idle inside the prefill phase, or the whole remainder of
+# an engine or client that times no phases), wherever it sat
+COMPONENTS = ("frontend", "queue", "fetch", "offload", "prefill", "other")
 # the attribution errors an Attribution carries (attribute names), exported as the error counter's `kind`
 ERROR_KINDS = ("negative_remainder", "fetch_overflow", "estimate_overflow", "offload_overflow", "idle_overflow")
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One component of a TTFT (queue, fetch, offload, prefill, other): its seconds and how they were obtained."""
+    """One component of a TTFT (frontend, queue, fetch, offload, prefill, other): its seconds and how they were
+    obtained."""
 
     seconds: float
     method: Method

@@ -3,11 +3,12 @@
 One span per request, `kvscope.ttft`, from arrival to first token. Where the engine's own span is known
 (vLLM's `llm_request`, received by the `otlp_traces` collector) it is that span's child, so it shows
 inside the engine's trace in Tempo or Jaeger; otherwise it starts a trace of its own. Under it, one
-span per TTFT component the correlation analysis attributed — `kvscope.other`, `kvscope.queue`,
-`kvscope.offload`, `kvscope.fetch`, `kvscope.prefill` — laid back to back in that order so that they end
-at the first token. The durations are the attribution's; the placement is a picture (vLLM's span gives phase
-lengths, not phase times). Per tier, where the source said what it fetched from where, an event
-`kvscope.kv.fetch` on the fetch span. The attribute names are in docs/otlp-export.md.
+span per TTFT component the correlation analysis attributed — `kvscope.frontend`,
+`kvscope.queue`, `kvscope.offload`, `kvscope.fetch`, `kvscope.other`, `kvscope.prefill` — laid back to
+back in that order so that they end at the first token. The durations are the attribution's; the
+placement is a picture (vLLM's span gives phase lengths, not phase times). Per tier, where the source
+said what it fetched from where, an event `kvscope.kv.fetch` on the fetch span. The attribute names are
+in docs/otlp-export.md.
 
 `OtlpTracesSink` is a request sink: the correlation analysis calls `write()` on its own thread, so it
 only appends to a bounded queue (full: the requests are dropped and counted). A thread of its own
@@ -42,7 +43,7 @@ log = logging.getLogger("kvscope.otlp")
 ROOT = "kvscope.ttft"
 # laid out backwards from the first token: prefill ends there, the fetch before it, the offload that made
 # room for both before that (an engine makes room before it loads), ...
-LAYOUT = ("prefill", "fetch", "offload", "queue", "other")
+LAYOUT = ("prefill", "other", "fetch", "offload", "queue", "frontend")  # from the first token back
 FETCH_EVENT = "kvscope.kv.fetch"
 STOP_GRACE = 2.0  # seconds stop() waits for the queue to go out before it drops the rest
 EXPORT_DELAY = 1.0  # seconds a partial batch waits (the analysis hands over one window at a time)

@@ -1,5 +1,5 @@
-"""Aggregate attribution: each window's growth of the engine series, split into queue/fetch/offload/prefill/
-other.
+"""Aggregate attribution: each window's growth of the engine series, split into frontend/queue/fetch/offload/
+prefill/other.
 
 From one window of the store (a StoreReader snapshot: growth since the last window, reset-aware, labels by
 name): the TTFT, queue and prefill histogram sums, the onboard transfer seconds and bytes (fetch)

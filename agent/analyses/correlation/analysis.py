@@ -125,8 +125,8 @@ def build(options: CorrelationOptions, inputs: AnalysisInputs) -> CorrelationEng
 
 SPEC = AnalysisSpec(
     name="correlation",
-    description="TTFT attribution (queue/fetch/offload/prefill/other), cost model, counterfactuals, fetch stall, "
-                "noisy neighbour (reports nothing without engine series or request records)",
+    description="TTFT attribution (frontend/queue/fetch/offload/prefill/other), cost model, counterfactuals, "
+                "fetch stall, noisy neighbour (reports nothing without engine series or request records)",
     options=CorrelationOptions,
     factory=build,
     metrics=m.METRICS,

@@ -1,4 +1,4 @@
-"""TTFT attribution: TTFT = queue + fetch + offload + prefill + other, per window and per request.
+"""TTFT attribution: TTFT = frontend + queue + fetch + offload + prefill + other, per window and per request.
 
 vLLM's definitions (shared/facts/vllm.md §1.2, §3), which fix where fetch and offload time hide:
 
@@ -25,15 +25,23 @@ schedules a request) has its store time inside the prefill phase (`"prefill"`). 
               link's bandwidth where the engine counts bytes only) — only when offload sits in prefill
     queue   = queue_time − fetch          if fetch sits in queue   (derived), else queue_time (measured)
     prefill = prefill_time − fetch − offload   for what sits there (derived), else prefill_time (measured)
-    other   = TTFT − queue_time − prefill_time                     (derived; the remainder)
+    frontend = TTFT − queue_time − prefill_time                    (derived; the remainder)
+
+`frontend` is what the engine's own TTFT holds outside its core's two phases. In vLLM that is the API
+server's part: arrival (stamped before the prompt is rendered and tokenised) → QUEUED in the engine core
+(tokenisation, input processing, the IPC hop into the core), plus the first output's way back (the core's
+output IPC, detokenising) up to the frontend's iteration timestamp. vLLM times the two only together:
+its spans give `gen_ai.latency.time_to_first_token`, `time_in_queue` and `time_in_model_prefill` as
+durations, and QUEUED and the first token are engine-core monotonic stamps no span or metric carries.
 
 A GPU that sat idle inside the prefill phase, outside its fetch and offload, was not computing this
-request: scheduling gaps, the engine's own bookkeeping, a CPU-starved engine thread (correlation.md §1
-puts them in `other`). Per request, where the GPU samples tell (`cross_layer.idle_seconds` over the
-phase), that idle time leaves `prefill` for `other`; the aggregate takes the same seconds out of its
-window's prefill sum (`WindowTotals.prefill_idle`).
+request: scheduling gaps, the engine's own bookkeeping, a CPU-starved engine thread (correlation.md §1).
+Per request, where the GPU samples tell (`cross_layer.idle_seconds` over the phase), that idle time
+leaves `prefill` for `other`; the aggregate takes the same seconds out of its window's prefill sum
+(`WindowTotals.prefill_idle`). So `other` is what no timer of the engine places. An engine that reports
+no queue or prefill time has no `frontend`: its whole remainder is `other`.
 
-`other` is never negative: when measured parts exceed TTFT it is 0 and the excess is reported as
+`frontend` and `other` are never negative: when measured parts exceed TTFT both are 0 and the excess is reported as
 `negative_remainder`; fetch (offload) that does not fit in what is left of the phase that should contain
 it is capped and the excess reported as `fetch_overflow` (`offload_overflow`). So Σ components = TTFT +
 negative_remainder, exactly.
@@ -67,10 +75,20 @@ class WindowTotals:
     prefill_idle: float | None = None  # GPU idle in the requests' prefill phases beyond fetch and offload
 
 
-def _finish(ttft: float, parts: dict[str, Part], **errors: float) -> Attribution:
+def _finish(ttft: float, parts: dict[str, Part], timed: bool, **errors: float) -> Attribution:
+    """The remainder: `frontend` and `other` where the engine timed both phases (`timed`), else `other`.
+
+    The engine's own TTFT less its queue and prefill time is what it timed outside those phases: its
+    `frontend`. `other` is then only what was moved out of a phase (GPU idle, `prefill_idle`).
+    """
     explained = sum(p.seconds for p in parts.values())
     remainder = ttft - explained
-    parts["other"] = Part(max(0.0, remainder), "derived")
+    if timed:
+        moved = errors.get("prefill_idle", 0.0)
+        parts["frontend"] = Part(max(0.0, remainder - moved), "derived")
+        parts["other"] = Part(min(moved, max(0.0, remainder)), "derived")
+    else:
+        parts["other"] = Part(max(0.0, remainder), "derived")
     return Attribution(ttft, parts, negative_remainder=max(0.0, -remainder), **errors)
 
 
@@ -106,7 +124,8 @@ def attribute_window(totals: WindowTotals, fetch_inside: FetchInside,
     if totals.prefill_idle and "prefill" in parts:
         idle_overflow = _idle(parts, totals.prefill_idle)
         moved = totals.prefill_idle - idle_overflow
-    return _finish(totals.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow,
+    timed = totals.queue is not None and totals.prefill is not None
+    return _finish(totals.ttft, parts, timed, fetch_overflow=overflow, offload_overflow=offload_overflow,
                    idle_overflow=idle_overflow, prefill_idle=moved)
 
 
@@ -184,6 +203,7 @@ def attribute_request(
     if record.prefill is not None:
         parts["prefill"] = Part(record.prefill, "measured")
     phases = set(parts)  # the phases the source measured, that fetch and offload can be carved from
+    timed = phases == {"queue", "prefill"}
     fetch = measured_fetch(record)
     fetch_method: Method = "measured"
     new, ctx = record.new_tokens, record.cached_tokens
@@ -203,7 +223,8 @@ def attribute_request(
         estimate_overflow = compute_estimate - compute
         parts["prefill"] = Part(compute, "estimated")
         parts["fetch"] = Part(measured - compute, "derived")
-        return _finish(record.ttft, parts, estimate_overflow=estimate_overflow, offload_overflow=offload_overflow)
+        return _finish(record.ttft, parts, timed, estimate_overflow=estimate_overflow,
+                       offload_overflow=offload_overflow)
 
     if fetch is None and fetch_estimate is not None:
         fetch, fetch_method = fetch_estimate, "estimated"
@@ -221,7 +242,7 @@ def attribute_request(
             inside += parts["fetch"].seconds
         gap = idle_gap(prefill_idle, inside)
         moved = gap - _idle(parts, gap)
-    return _finish(record.ttft, parts, fetch_overflow=overflow, offload_overflow=offload_overflow,
+    return _finish(record.ttft, parts, timed, fetch_overflow=overflow, offload_overflow=offload_overflow,
                    prefill_idle=moved)
 
 

@@ -28,13 +28,14 @@ def recompute_avoided(record: RequestRecord, attribution: Attribution, model: Pr
 
 
 def ttft_without_cache(record: RequestRecord, attribution: Attribution, model: PrefillCostModel) -> float | None:
-    """queue + compute(prompt, 0) + other: the same request with every prompt token recomputed.
+    """frontend + queue + compute(prompt, 0) + other: the same request with every prompt token recomputed.
 
     Queue excludes a fetch that sat in it (async loads): without the cache there is nothing to load.
     """
     if not model.known or record.prompt_tokens is None or record.cached_tokens is None:
         return None
-    return attribution.seconds("queue") + model.compute(record.prompt_tokens, 0) + attribution.seconds("other")
+    return (attribution.seconds("frontend") + attribution.seconds("queue") + model.compute(record.prompt_tokens, 0)
+            + attribution.seconds("other"))
 
 
 def breakeven_bandwidth(tokens: float, a: float, b: float, latency: float, bytes_per_token: float) -> float:

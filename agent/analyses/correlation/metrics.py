@@ -41,8 +41,8 @@ FETCH_SHARE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 
 METRICS = (
     counter(TTFT_ATTRIBUTED, "seconds", (*_E, "component", "method"),
-            "TTFT sum split into queue, fetch, offload, prefill and other from the engine's histogram sums and "
-            "transfer times (offload: store time, for engines that store inside the step); method says "
+            "TTFT sum split into frontend, queue, fetch, offload, prefill and other from the engine's histogram "
+            "sums and transfer times (offload: store time, for engines that store inside the step); method says "
             "measured, estimated or derived. Components add up to the TTFT sum plus the negative_remainder "
             "error.", _SRC),
     counter(ATTRIBUTION_ERROR, "seconds", (*_E, "basis", "kind"),
@@ -52,8 +52,8 @@ METRICS = (
             "idle_overflow (GPU idle in prefill phases exceeds what is left of the window's prefill). "
             "basis is aggregate or request.", _SRC),
     counter(REQUEST_ATTRIBUTED, "seconds", (*_E, "component", "method"),
-            "Per-request TTFT attribution (queue, fetch, offload, prefill, other) summed over attributed "
-            "requests; method is measured, estimated (cost model) or derived.", _SRC),
+            "Per-request TTFT attribution (frontend, queue, fetch, offload, prefill, other) summed over "
+            "attributed requests; method is measured, estimated (cost model) or derived.", _SRC),
     counter(REQUESTS_ATTRIBUTED, "requests", (*_E, "source"),
             "Per-request records attributed, by source (otlp, aiperf, reference).", _SRC),
     histogram(FETCH_SHARE, "ratio", _E, "Per request: fetch time / TTFT, for requests whose fetch is known.",
@@ -67,7 +67,8 @@ METRICS = (
             "reuse was slower than recomputing. confidence as for the saved time.", _SRC),
     counter(COUNTERFACTUAL_TTFT, "seconds", (*_E, "cache", "confidence"),
             "TTFT summed over requests with known reuse, as measured (cache=with) and with every prompt token "
-            "recomputed (cache=without: queue + compute(prompt,0) + other). confidence as for the saved time.",
+            "recomputed (cache=without: frontend + queue + compute(prompt,0) + other). confidence as for the "
+            "saved time.",
             _SRC),
     gauge(COST_A, "seconds", _E, "Prefill cost a in compute(new,ctx) = a·new + b·new·(2·ctx+new) in use: fitted, "
           "or the prior's scaled to the data (see kvscope_prefill_cost_confident).", _SRC),

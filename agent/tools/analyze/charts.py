@@ -12,7 +12,8 @@ from typing import Any
 from kvscope.agent.tools.analyze.inputs import COMPONENTS
 from kvscope.agent.tools.analyze.report import Report
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#e4572e", "offload": "#8e6cbe", "prefill": "#2e86ab", "other": "#f3a712"}
+COLOURS = {"frontend": "#6b8e23", "queue": "#9e9e9e", "fetch": "#e4572e",
+           "offload": "#8e6cbe", "prefill": "#2e86ab", "other": "#f3a712"}
 
 
 def _pyplot() -> Any:

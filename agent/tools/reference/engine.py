@@ -293,7 +293,8 @@ class Engine:
         req.out.put(("token", output_piece(0)))
         first = self.clock()
         tr.first_token_ts, tr.ttft_s, tr.prefill_s = self.wall_at(first), first - req.arrival, first - scheduled
-        tr.other_s = tr.ttft_s - tr.queue_s - tr.fetch_total_s - tr.offload_s - tr.prefill_compute_s
+        tr.frontend_s = tr.ttft_s - tr.queue_s - tr.prefill_s
+        tr.other_s = tr.prefill_s - tr.fetch_total_s - tr.offload_s - tr.prefill_compute_s
         itls, last = [], first
         for i in range(1, req.max_tokens):
             start, end = self._device(cfg.cost.decode_step * cfg.time_scale)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvscope.agent.core import contract
+from kvscope.agent.core.records import COMPONENTS
 from kvscope.agent.tools.reference.attached_agent import AttachedAgent, Window
 from kvscope.agent.tools.reference.engine import EngineConfig
 from kvscope.agent.tools.reference.noise import NoiseInjector, NoiseSpec
@@ -29,7 +30,7 @@ class PhaseView:
     label: str
     requests: float  # TTFT histogram count
     ttft: float  # TTFT histogram sum, seconds
-    components: dict[str, float]  # aggregate attribution: queue, fetch, prefill, other (seconds)
+    components: dict[str, float]  # aggregate attribution per component (seconds)
     g4_bytes: float  # G4 -> G2 transfer bytes (the fetch off G4)
     g4_seconds: float
     windows: list[Window]
@@ -74,7 +75,7 @@ def _view(label: str, start: dict[str, float], end: dict[str, float], windows: l
     def d(k: str) -> float:
         return end.get(k, 0.0) - start.get(k, 0.0)
 
-    return PhaseView(label, d("requests"), d("ttft"), {c: d(c) for c in ("queue", "fetch", "prefill", "other")},
+    return PhaseView(label, d("requests"), d("ttft"), {c: d(c) for c in COMPONENTS},
                      d("g4_bytes"), d("g4_seconds"), [w for w in windows if w.phase == label])
 
 
@@ -133,8 +134,9 @@ def format_noisy(r: NoisyNeighbourResult) -> str:
     how = "O_DIRECT" if r.noise_direct else "fsync"
     rows = [f"G4 on {r.device}; noise {r.noise_bytes / 1e9:.2f} GB in {r.noise_seconds:.1f} s "
             f"({r.noise_bytes / max(r.noise_seconds, 1e-9) / 1e9:.2f} GB/s, {how})",
-            f"{'run':<6} {'RPS':>6} {'TTFT s':>7} {'fetch share':>11} {'truth':>6} {'queue':>6} {'fetch':>6} "
-            f"{'prefill':>7} {'other':>6} {'G4 GB/s':>7} {'raised':>9} {'max drop':>8} {'non-KV':>6}"]
+            f"{'run':<6} {'RPS':>6} {'TTFT s':>7} {'fetch share':>11} {'truth':>6} {'frontend':>8} "
+            f"{'queue':>6} {'fetch':>6} {'prefill':>7} {'other':>6} {'G4 GB/s':>7} {'raised':>9} {'max drop':>8} "
+            f"{'non-KV':>6}"]
     for load, v in ((r.quiet, r.quiet_view), (r.noisy, r.noisy_view)):
         truth = sum(t.fetch_total_s for t in load.truths) / sum(t.ttft_s for t in load.truths)
         n = max(v.requests, 1.0)
@@ -142,7 +144,7 @@ def format_noisy(r: NoisyNeighbourResult) -> str:
         non_kv = [w.non_kv_share for w in v.windows if w.non_kv_share is not None]
         rows.append(f"{load.label:<6} {load.rps:>6.2f} {v.ttft / n:>7.3f} {v.fetch_share:>11.1%} {truth:>6.1%} "
                     + " ".join(f"{v.components[c] / n:>{w}.3f}" for c, w in
-                               (("queue", 6), ("fetch", 6), ("prefill", 7), ("other", 6)))
+                               (("frontend", 8), ("queue", 6), ("fetch", 6), ("prefill", 7), ("other", 6)))
                     + f" {v.g4_bytes / v.g4_seconds / 1e9 if v.g4_seconds else 0:>7.2f}"
                     + f" {v.raised:>3}/{len(v.windows):<3}   {max(drops, default=0):>8.2f} "
                     + f"{max(non_kv, default=0):>6.2f}")

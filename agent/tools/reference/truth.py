@@ -3,8 +3,10 @@
 Times: `*_ts` are wall-clock seconds (time.time(), comparable with KV-event and span timestamps);
 durations are seconds measured on the engine's monotonic clock. The decomposition holds exactly:
 
-    ttft_s = queue_s + sum(fetch_s.values()) + offload_s + prefill_compute_s + other_s,   other_s ≥ 0
+    ttft_s = frontend_s + queue_s + sum(fetch_s.values()) + offload_s + prefill_compute_s + other_s,   other_s ≥ 0
 
+- frontend_s: arrival → queued: tokenising (OpenAI server) and hashing the prompt (vLLM's TTFT − queue −
+  prefill time, as the engine emits the first token where it stamps it);
 - queue_s: queued → first scheduled (vLLM's request_queue_time; queued once the prompt is hashed);
 - fetch_s[tier]: reading that tier's reused blocks into G1 (G3/G4 include their hop through host memory),
   with fetch_bytes[tier] the bytes moved off that tier (a G3/G4 block file includes its 4 KiB header);
@@ -12,7 +14,8 @@ durations are seconds measured on the engine's monotonic clock. The decompositio
   G1/G2 (cascades down), storing computed blocks down when G1 keeps nothing, waiting for a write-behind
   buffer;
 - prefill_compute_s: the device slot's busy time for the new tokens (cost model × time_scale, slept);
-- other_s: hashing the prompt (before it is queued), lookup, scheduling gaps and emitting the first token.
+- other_s: inside the prefill phase, what is none of the above: lookup, publishing events, scheduling
+  gaps, an engine thread the OS did not run (the device slot idle).
 `prefill_s` = first token − first scheduled, vLLM's request_prefill_time (it contains the fetch and the
 offload, both synchronous in this engine). `recompute_s` is the cost model's t(prompt, 0)
 × time_scale: what the whole prompt would cost without the cache. `device_busy` lists [start, end]
@@ -44,6 +47,7 @@ class RequestTruth:
     prefill_compute_s: float = 0.0
     prefill_model_s: float = 0.0  # the cost model's unscaled seconds for the new tokens
     prefill_s: float = 0.0
+    frontend_s: float = 0.0
     other_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -62,6 +66,11 @@ class RequestTruth:
     @property
     def fetch_total_s(self) -> float:
         return sum(self.fetch_s.values())
+
+    def components(self) -> dict[str, float]:
+        """Seconds per TTFT component, in the order of agent.core.records.COMPONENTS."""
+        return {"frontend": self.frontend_s, "queue": self.queue_s, "fetch": self.fetch_total_s,
+                "offload": self.offload_s, "prefill": self.prefill_compute_s, "other": self.other_s}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -12,7 +12,8 @@ from typing import Any
 from kvscope.agent.core.records import COMPONENTS
 from kvscope.agent.tools.selftest.demo_figures import Sweep, Throughput
 
-COLOURS = {"queue": "#9e9e9e", "fetch": "#1f77b4", "offload": "#9467bd", "prefill": "#ff7f0e", "other": "#d4c35a"}
+COLOURS = {"frontend": "#6b8e23", "queue": "#9e9e9e", "fetch": "#1f77b4",
+           "offload": "#9467bd", "prefill": "#ff7f0e", "other": "#d4c35a"}
 
 
 def _ttft_split(ax: Any, sweep: Sweep) -> None:

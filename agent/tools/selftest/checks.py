@@ -91,8 +91,7 @@ def truth_figures(run: RunCapture) -> Figures:
         f.ttft_sum += t.ttft_s
         f.lookup_tokens += t.prompt_tokens
         f.computed_tokens += t.computed_tokens
-        for name, seconds in zip(COMPONENTS, (t.queue_s, t.fetch_total_s, t.offload_s, t.prefill_compute_s,
-                                              t.other_s), strict=True):
+        for name, seconds in t.components().items():
             f.components[name] = f.components.get(name, 0.0) + seconds
         f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s, t.offload_s)
         if t.tokens_by_tier:

@@ -21,8 +21,7 @@ from kvscope.agent.tools.selftest.harness import RunCapture
 
 def truth_split(t: RequestTruth) -> dict[str, float]:
     """One request's truth, in seconds per component."""
-    return dict(zip(COMPONENTS, (t.queue_s, t.fetch_total_s, t.offload_s, t.prefill_compute_s, t.other_s),
-                    strict=True))
+    return t.components()
 
 
 def agent_split(line: dict[str, Any]) -> dict[str, float]:

@@ -36,13 +36,10 @@ class NoisyPlan:
 
 
 def _truth_components(load: LoadResult) -> dict[str, float]:
-    out = {"queue": 0.0, "fetch": 0.0, "offload": 0.0, "prefill": 0.0, "other": 0.0}
+    out = dict.fromkeys(COMPONENTS, 0.0)
     for t in load.truths:
-        out["queue"] += t.queue_s
-        out["fetch"] += t.fetch_total_s
-        out["offload"] += t.offload_s
-        out["prefill"] += t.prefill_compute_s
-        out["other"] += t.other_s
+        for c, seconds in t.components().items():
+            out[c] += seconds
     return out
 
 

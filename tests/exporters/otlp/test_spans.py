@@ -30,8 +30,8 @@ def result(request: str = "r1", ids: bool = True, fetches: tuple[TierFetch, ...]
     record = RequestRecord(request, "vllm", "m", "0", arrival=100.0, ttft=2.0, prompt_tokens=1000, cached_tokens=800,
                            queue=0.7, prefill=1.0, fetches=fetches, source="otlp",
                            trace_id=TRACE if ids else None, span_id=SPAN if ids else None)
-    parts = {"queue": Part(0.5, "derived"), "fetch": Part(0.2, "estimated"), "prefill": Part(1.0, "measured"),
-             "other": Part(0.3, "derived")}
+    parts = {"frontend": Part(0.2, "derived"), "queue": Part(0.5, "derived"), "fetch": Part(0.2, "estimated"),
+             "prefill": Part(1.0, "measured"), "other": Part(0.1, "derived")}
     return AttributedRequest(record, Attribution(2.0, parts), prefill_saved=0.9, ttft_without_cache=2.9)
 
 
@@ -53,9 +53,10 @@ def test_one_request_is_a_child_of_the_engine_span_with_its_components_back_to_b
     assert root.context.trace_id == int.from_bytes(TRACE, "big") and root.parent.span_id == int.from_bytes(SPAN, "big")
     assert (root.start_time, root.end_time) == (100_000_000_000, 102_000_000_000)
     layout = {name: (spans[f"kvscope.{name}"].start_time, spans[f"kvscope.{name}"].end_time)
-              for name in ("other", "queue", "fetch", "prefill")}
-    assert layout == {"other": (100_000_000_000, 100_300_000_000), "queue": (100_300_000_000, 100_800_000_000),
-                      "fetch": (100_800_000_000, 101_000_000_000), "prefill": (101_000_000_000, 102_000_000_000)}
+              for name in ("frontend", "queue", "fetch", "other", "prefill")}
+    assert layout == {"frontend": (100_000_000_000, 100_200_000_000), "queue": (100_200_000_000, 100_700_000_000),
+                      "fetch": (100_700_000_000, 100_900_000_000), "other": (100_900_000_000, 101_000_000_000),
+                      "prefill": (101_000_000_000, 102_000_000_000)}
     for name in layout:
         child = spans[f"kvscope.{name}"]
         assert child.parent is not None and child.parent.span_id == root.context.span_id
@@ -128,7 +129,7 @@ def test_requests_are_exported_in_batches_and_counted(answer: SpanExportResult, 
     while sum(exporter.batches) < 25 * 5 and time.monotonic() < deadline:
         time.sleep(0.02)
     sink.stop()
-    assert sum(exporter.batches) == 25 * 5 and max(exporter.batches) <= 10 * 5  # 5 spans a request, 10 a batch
+    assert sum(exporter.batches) == 25 * 6 and max(exporter.batches) <= 10 * 6  # 6 spans a request, 10 a batch
     assert counts(store) == {"exported": 0.0, "failed": 0.0, "dropped": 0.0} | {key: 25.0}
     ok = "ok" if key == "exported" else "failed"
     assert store.value(otlp_settings.EXPORTS, ("traces", ok)) == 3.0

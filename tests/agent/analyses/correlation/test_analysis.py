@@ -79,7 +79,7 @@ def test_aggregate_windows_add_up_to_the_ttft_sum() -> None:
     assert attributed == {("queue", "derived"): pytest.approx(3.0 - 1.0 + 1.0 - 0.5),
                           ("fetch", "measured"): pytest.approx(1.5),
                           ("prefill", "measured"): pytest.approx(11.0),
-                          ("other", "derived"): pytest.approx(2.0)}
+                          ("frontend", "derived"): pytest.approx(2.0), ("other", "derived"): 0.0}
     error = value(second, m.ATTRIBUTION_ERROR, (*E, "aggregate", "negative_remainder"))
     assert error == pytest.approx(1.0)
     assert sum(attributed.values()) == pytest.approx(16.0 + error)
@@ -214,7 +214,8 @@ def test_a_records_measured_offload_comes_out_of_its_prefill() -> None:
     assert value(out, m.REQUEST_ATTRIBUTED, (*E, "offload", "measured")) == pytest.approx(0.3)
     assert value(out, m.REQUEST_ATTRIBUTED, (*E, "fetch", "measured")) == pytest.approx(0.1)
     assert value(out, m.REQUEST_ATTRIBUTED, (*E, "prefill", "derived")) == pytest.approx(0.1)
-    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "other", "derived")) == pytest.approx(0.02)
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "frontend", "derived")) == pytest.approx(0.02)
+    assert value(out, m.REQUEST_ATTRIBUTED, (*E, "other", "derived")) == 0.0
 
 
 class FakeGpus:
@@ -355,13 +356,14 @@ def test_a_window_ending_between_first_tokens_and_finishes_is_held_until_they_fi
     clock.t += 1
     observe((3.0, 3), (1.8, 3), (1.2, 3))
     readings = engine.run()
-    assert attributed(readings) == {"queue": pytest.approx(1.8), "prefill": pytest.approx(1.2), "other": 0.0}
+    assert attributed(readings) == {"queue": pytest.approx(1.8), "prefill": pytest.approx(1.2), "frontend": 0.0,
+                                     "other": 0.0}
     assert value(readings, m.ATTRIBUTION_ERROR, (*E, "aggregate", "negative_remainder")) == 0.0
 
 
 def test_a_held_window_is_attributed_after_hold_windows_however_its_requests_end() -> None:
     """Requests that never finish (hung, or their finish is not on the page) do not hold attribution back for
-    more than HOLD_WINDOWS windows: their missing phases then count as `other`."""
+    more than HOLD_WINDOWS windows: their missing phases then count as `frontend` (the remainder)."""
     store, clock = make_store(), Clock()
     engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
     seen: dict[str, float] = {}
@@ -372,13 +374,14 @@ def test_a_held_window_is_attributed_after_hold_windows_however_its_requests_end
         assert (sum(seen.values()) == 0.0) == (window < HOLD_WINDOWS - 1), window
         clock.t += 1
     assert seen == {"queue": pytest.approx(0.6), "prefill": pytest.approx(0.4),
-                    "other": pytest.approx(2.0 + HOLD_WINDOWS - 1 - 1.0)}
+                    "frontend": pytest.approx(2.0 + HOLD_WINDOWS - 1 - 1.0), "other": 0.0}
 
 
 def test_a_window_waits_for_its_records_and_loses_their_gpu_idle_from_prefill() -> None:
     """One request (1 s TTFT: 0.1 s queue, 0.8 s prefill) on an engine that sends records and has a GPU.
     Its window waits for the record; the GPU idled 0.5 s of the prefill phase, 0.2 s of it the request's
-    own measured offload: the other 0.3 s leave prefill for other, in the record and in the aggregate, and
+    own measured offload: the other 0.3 s leave prefill for other, in the record and in the aggregate (the
+0.1 s outside the two phases is frontend), and
     the aggregate's offload is the record's 0.2 s, not the 0.3 s the links leaving G1 were busy."""
     store, buffer, clock = make_store(), RecordBuffer(), Clock(901.0)
     gpus = FakeGpus([(900.0, 900.2, 1.0), (900.2, 900.7, 0.0), (900.7, 901.0, 1.0)])
@@ -396,7 +399,7 @@ def test_a_window_waits_for_its_records_and_loses_their_gpu_idle_from_prefill() 
     observe()
     readings = engine.run()
     split = {"queue": pytest.approx(0.1), "offload": pytest.approx(0.2), "prefill": pytest.approx(0.3),
-             "other": pytest.approx(0.4)}
+             "frontend": pytest.approx(0.1), "other": pytest.approx(0.3)}
     assert attributed(readings) == split
     per_request = {lab[3]: r.value for (name, lab), r in by_key(readings).items()
                    if name == m.REQUEST_ATTRIBUTED and isinstance(r, Sample)}
@@ -417,7 +420,8 @@ def test_an_engine_that_sends_no_records_is_waited_for_once() -> None:
             break
         clock.t += 1
     assert clock.t - start == RECORD_HOLD_SECONDS  # held for its records, then attributed whole
-    assert seen == {"queue": pytest.approx(0.1 * n), "prefill": pytest.approx(0.8 * n), "other": pytest.approx(0.1 * n)}
+    assert seen == {"queue": pytest.approx(0.1 * n), "prefill": pytest.approx(0.8 * n),
+                    "frontend": pytest.approx(0.1 * n), "other": 0.0}
     clock.t += 1
     store.ingest("vllm", [hist(contract.TTFT_SECONDS, 1.0 * n + 1, n + 1),
                           hist(contract.QUEUE_SECONDS, 0.1 * n + 0.1, n + 1),

@@ -27,7 +27,8 @@ def total(attribution: object) -> float:
 def test_sync_fetch_comes_out_of_prefill() -> None:
     a = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=6.0, fetch=1.5), "prefill")
     assert {k: (p.seconds, p.method) for k, p in a.parts.items()} == {
-        "queue": (2.0, "measured"), "prefill": (4.5, "derived"), "fetch": (1.5, "measured"), "other": (2.0, "derived")}
+        "queue": (2.0, "measured"), "prefill": (4.5, "derived"), "fetch": (1.5, "measured"),
+        "frontend": (2.0, "derived"), "other": (0.0, "derived")}
     assert total(a) == pytest.approx(10.0)
     assert a.negative_remainder == 0 and a.fetch_overflow == 0
 
@@ -36,7 +37,7 @@ def test_async_fetch_comes_out_of_queue() -> None:
     a = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=6.0, fetch=1.5), "queue")
     assert a.seconds("queue") == pytest.approx(0.5) and a.parts["queue"].method == "derived"
     assert a.seconds("prefill") == 6.0 and a.parts["prefill"].method == "measured"
-    assert a.seconds("other") == pytest.approx(2.0)
+    assert a.seconds("frontend") == pytest.approx(2.0) and a.seconds("other") == 0.0
     assert total(a) == pytest.approx(10.0)
 
 
@@ -56,7 +57,7 @@ def test_fetch_larger_than_its_phase_is_capped_and_reported() -> None:
 
 def test_engine_without_phase_histograms_takes_fetch_from_the_remainder() -> None:
     a = attribute_window(WindowTotals(ttft=4.0, queue=None, prefill=None, fetch=1.0), "prefill")
-    assert set(a.parts) == {"fetch", "other"}
+    assert set(a.parts) == {"fetch", "other"}  # no phases timed: no frontend either
     assert a.seconds("other") == pytest.approx(3.0)
     assert attribute_window(WindowTotals(4.0, None, None, None), "queue").parts["other"].seconds == 4.0
 
@@ -73,7 +74,7 @@ def test_per_request_sync_split_by_the_model() -> None:
     a = attribute_request(r, model, None, "prefill")
     assert a.parts["prefill"].method == "estimated" and a.seconds("prefill") == pytest.approx(0.1 + 1e-4 * 0)
     assert a.parts["fetch"].method == "derived" and a.seconds("fetch") == pytest.approx(1.1)
-    assert a.parts["queue"].method == "measured" and a.seconds("other") == pytest.approx(0.3)
+    assert a.parts["queue"].method == "measured" and a.seconds("frontend") == pytest.approx(0.3)
     assert total(a) == pytest.approx(2.0)
 
 
@@ -97,7 +98,7 @@ def test_per_request_async_fetch_estimated_from_tiers_comes_out_of_queue() -> No
     a = attribute_request(r, PrefillCostModel(), estimate, "queue")
     assert a.parts["fetch"].method == "estimated" and a.seconds("fetch") == pytest.approx(0.4)
     assert a.parts["queue"].method == "derived" and a.seconds("queue") == pytest.approx(0.6)
-    assert a.parts["prefill"].method == "measured" and a.seconds("other") == pytest.approx(0.5)
+    assert a.parts["prefill"].method == "measured" and a.seconds("frontend") == pytest.approx(0.5)
 
 
 def test_estimate_fetch_unknown_tier_or_unplaced_reuse_is_none() -> None:
@@ -156,7 +157,7 @@ def test_gpu_idle_in_the_prefill_phase_beyond_fetch_and_offload_is_other() -> No
     # the GPU idled 0.45 s of the 0.8 s phase: 0.3 s of it fetch and offload, 0.15 s nothing of this request
     a = attribute_request(record, PrefillCostModel(), None, "prefill", prefill_idle=0.45)
     assert a.seconds("prefill") == pytest.approx(0.8 - 0.2 - 0.1 - 0.15)
-    assert a.seconds("other") == pytest.approx(0.1 + 0.15)
+    assert a.seconds("frontend") == pytest.approx(0.1) and a.seconds("other") == pytest.approx(0.15)
     assert a.prefill_idle == pytest.approx(0.15)
     assert total(a) == pytest.approx(1.0)
     quiet = attribute_request(record, PrefillCostModel(), None, "prefill", prefill_idle=0.25)
@@ -167,7 +168,8 @@ def test_gpu_idle_in_the_prefill_phase_beyond_fetch_and_offload_is_other() -> No
 
 def test_window_gpu_idle_leaves_prefill_and_what_does_not_fit_is_reported() -> None:
     a = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=6.0, fetch=1.5, prefill_idle=1.0), "prefill")
-    assert a.seconds("prefill") == pytest.approx(3.5) and a.seconds("other") == pytest.approx(3.0)
+    assert a.seconds("prefill") == pytest.approx(3.5) and a.seconds("frontend") == pytest.approx(2.0)
+    assert a.seconds("other") == pytest.approx(1.0)
     assert a.prefill_idle == 1.0 and a.idle_overflow == 0.0
     over = attribute_window(WindowTotals(ttft=10.0, queue=2.0, prefill=2.0, fetch=1.5, prefill_idle=1.0), "prefill")
     assert over.seconds("prefill") == 0.0 and over.idle_overflow == pytest.approx(0.5)

@@ -27,7 +27,7 @@ from kvscope.agent.tools.selftest.checks import SHARE_PP
 from testkit.paths import FIXTURES
 
 RECORDING = json.loads((FIXTURES / "correlation" / "windows" / "seeds_g4.json").read_text())
-COMPONENTS = ("queue", "fetch", "offload", "prefill", "other")
+COMPONENTS = ("frontend", "queue", "fetch", "offload", "prefill", "other")
 
 
 def reading(r: dict[str, Any]) -> Reading:
@@ -59,8 +59,11 @@ def replay(windows: list[dict[str, Any]]) -> tuple[Store, dict[str, float]]:
 def truth_parts() -> dict[str, float]:
     out = {c: 0.0 for c in COMPONENTS}
     for t in RECORDING["truth"]:
-        for c, seconds in zip(COMPONENTS, (t["queue_s"], sum(t["fetch_s"].values()), t["offload_s"],
-                                           t["prefill_compute_s"], t["other_s"]), strict=True):
+        # recorded before the truth split frontend (arrival -> queued) out of other: split it the same way
+        inside = t["prefill_s"] - sum(t["fetch_s"].values()) - t["offload_s"] - t["prefill_compute_s"]
+        for c, seconds in zip(COMPONENTS, (t["ttft_s"] - t["queue_s"] - t["prefill_s"], t["queue_s"],
+                                           sum(t["fetch_s"].values()), t["offload_s"], t["prefill_compute_s"],
+                                           inside), strict=True):
             out[c] += seconds
     return out
 

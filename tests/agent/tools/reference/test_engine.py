@@ -195,9 +195,10 @@ def test_truth_components_add_up(running: Running, tmp_path: Path) -> None:
     records = read_truth(tmp_path / "truth.jsonl")
     assert len(records) == 3
     for r in records:
-        parts = r["queue_s"] + sum(r["fetch_s"].values()) + r["offload_s"] + r["prefill_compute_s"] + r["other_s"]
+        parts = (r["frontend_s"] + r["queue_s"] + sum(r["fetch_s"].values()) + r["offload_s"]
+                 + r["prefill_compute_s"] + r["other_s"])
         assert r["ttft_s"] == pytest.approx(parts, abs=1e-9)
-        assert r["other_s"] >= 0
+        assert r["other_s"] >= 0 and r["frontend_s"] == pytest.approx(r["ttft_s"] - r["queue_s"] - r["prefill_s"])
         # fetch and offload sit inside vLLM's prefill phase; hashing the prompt sits before the queue
         assert r["prefill_s"] >= sum(r["fetch_s"].values()) + r["offload_s"] + r["prefill_compute_s"]
         assert r["arrival_ts"] <= r["queued_ts"] <= r["scheduled_ts"]

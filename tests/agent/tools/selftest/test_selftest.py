@@ -243,7 +243,7 @@ def test_a_fetch_seen_before_its_request_finishes_is_carried_not_dropped() -> No
     assert first.get("fetch", 0.0) == 0.0 and first.get("overflow", 0.0) == 0.0
     done = window(fetch=0.4, requests=1, ttft=1.0, queue=0.1, prefill=0.8)  # it finished: TTFT 1 s
     assert done["fetch"] == pytest.approx(0.4) and done["prefill"] == pytest.approx(0.4)
-    assert done["queue"] == pytest.approx(0.1) and done["other"] == pytest.approx(0.1)
+    assert done["queue"] == pytest.approx(0.1) and done["frontend"] == pytest.approx(0.1)
     assert done.get("overflow", 0.0) == 0.0
 
 
