@@ -38,9 +38,13 @@ def prompts(seed: int, count: int) -> list[str]:
             for _ in range(count)]
 
 
-def stream(live: Any, prompt: str) -> float:
-    """One streaming completion, as a benchmark client sends it; returns the client's TTFT."""
-    body = {"model": live.model, "prompt": prompt, "max_tokens": 4, "stream": True, "ignore_eos": True}
+def stream(live: Any, prompt: str, full_report: bool = False) -> float:
+    """One streaming completion, as a benchmark client sends it; returns the client's TTFT. `full_report`:
+    ask vLLM to re-announce the cached blocks it reuses (kv_cache_report_mode=full)."""
+    body: dict[str, Any] = {"model": live.model, "prompt": prompt, "max_tokens": 4, "stream": True,
+                            "ignore_eos": True}
+    if full_report:
+        body["vllm_xargs"] = {"kv_cache_report_mode": "full"}
     request = urllib.request.Request(f"{live.engine_url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
@@ -134,3 +138,26 @@ def test_every_span_becomes_an_attribution_that_adds_up_to_its_ttft(live: Any) -
         engine, "vllm:request_prefill_time_seconds_sum")
     assert abs(shares["frontend"] * ttft - errors - outside) <= 1e-9 * ttft, (shares, errors, outside)
     assert shares["other"] < 0.10, shares
+
+
+def test_full_report_reannouncements_are_counted_exactly(live: Any) -> None:
+    """With kv_cache_report_mode=full vLLM stores every reused G1 block again: kvscope counts each such
+    store of a resident block (not a sampled estimate), so re-announced blocks × block size equal the
+    engine's own prefix-cache hits over the same requests."""
+    engine, agent = settled(live, "kvscope_ttft_seconds_count", "vllm:time_to_first_token_seconds_count")
+    hits0 = total(engine, "vllm:prefix_cache_hits_total")
+    again0 = total(agent, "kvscope_kv_blocks_reannounced_total", tier="G1")
+    for prompt in prompts(seed=3, count=12):
+        stream(live, prompt, full_report=True)
+    engine, agent = settled(live, "kvscope_ttft_seconds_count", "vllm:time_to_first_token_seconds_count")
+    hits = total(engine, "vllm:prefix_cache_hits_total") - hits0
+    deadline = time.monotonic() + 15
+    while True:
+        again = total(agent, "kvscope_kv_blocks_reannounced_total", tier="G1") - again0
+        if again * live.block_tokens == hits or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+        agent = scrape(live.agent_url)
+    print(f"full report: {hits:.0f} G1 hit tokens, {again:.0f} blocks re-announced")
+    assert hits > 0
+    assert again * live.block_tokens == hits, (again, live.block_tokens, hits)

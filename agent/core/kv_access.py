@@ -58,7 +58,7 @@ class AccessMeta:
     block_tokens: int = 0  # tokens per block of G1's stores (0 while unknown or mixed)
     bytes_per_token: int = 0  # the collector's kv_bytes_per_token (0 = not configured)
     sampled_accesses: int = 0  # sampled G1 stores offered to the queue since start (taken + queued + dropped)
-    new_blocks: int = 0  # G1 stores of blocks not resident: the rest of the stores re-announce reused blocks
+    reannounced: int = 0  # G1 stores of blocks already resident (reused blocks re-announced), all counted
     complete: bool = False  # every batch since the publisher started was applied (residency known)
 
 

@@ -88,7 +88,7 @@ class BlockSet:
     """A set of block hashes that counts what changes it, like TierState kept with a Python set."""
 
     __slots__ = ("_big", "_big_alive", "_count", "_dead", "_ends", "_fresh", "_fresh_alive", "_kinds", "_log",
-                 "_removing", "removed", "stored", "unknown")
+                 "_removing", "removed", "restored", "stored", "unknown")
 
     def __init__(self) -> None:
         self._big, self._big_alive = _EMPTY_KEYS, _EMPTY_ALIVE
@@ -101,6 +101,7 @@ class BlockSet:
         self._removing = 0  # removals in the log
         # counts of what the applied operations did (read them through TierState, which flushes first)
         self.stored = 0  # stores of a block that was not resident
+        self.restored = 0  # stores of a block already resident (vLLM's kv_cache_report_mode=full re-announcements)
         self.removed = 0  # removals of a resident block, and blocks cleared
         self.unknown = 0  # removals of a block that was not resident
 
@@ -177,8 +178,10 @@ class BlockSet:
             keys.sort()
             unique = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
             before, big, fresh = self._alive(unique)
-            self.stored += len(unique) - int(np.count_nonzero(before))
-            self._count += len(unique) - int(np.count_nonzero(before))
+            added = len(unique) - int(np.count_nonzero(before))
+            self.stored += added
+            self.restored += len(keys) - added
+            self._count += added
             self._add(unique, ~before, big, fresh)
             return
         ops = np.repeat(np.array(kinds, dtype=np.bool_), np.diff(np.array(ends), prepend=0))
@@ -194,6 +197,7 @@ class BlockSet:
         prev[1:] = so[:-1]
         prev[first] = before
         self.stored += int(np.count_nonzero(so & ~prev))
+        self.restored += int(np.count_nonzero(so & prev))
         self.removed += int(np.count_nonzero(~so & prev))
         self.unknown += int(np.count_nonzero(~so & ~prev))
         last = np.empty(n, dtype=np.bool_)

@@ -44,6 +44,7 @@ _E = ENGINE_LABELS
 STORED_TOTAL = "kvscope_kv_blocks_stored_total"
 REMOVED_TOTAL = "kvscope_kv_blocks_removed_total"
 REMOVED_UNKNOWN_TOTAL = "kvscope_kv_blocks_removed_unknown_total"
+REANNOUNCED_TOTAL = "kvscope_kv_blocks_reannounced_total"
 EVENTS_TOTAL = "kvscope_kv_events_total"
 DROPPED_TOTAL = "kvscope_kv_events_dropped_total"
 MALFORMED_TOTAL = "kvscope_kv_events_malformed_total"
@@ -64,6 +65,9 @@ METRICS = (
     counter(STORED_TOTAL, "blocks", (*_E, "tier"),
             "Blocks that became resident in the tier (a store of a block already resident is not counted).",
             _SRC),
+    counter(REANNOUNCED_TOTAL, "blocks", (*_E, "tier"),
+            "Stores of a block already resident in the tier: reused blocks vLLM re-announces for a request with "
+            "kv_cache_report_mode=full (every store counted, not sampled).", _SRC),
     counter(REMOVED_TOTAL, "blocks", (*_E, "tier"),
             "Resident blocks that left the tier (BlockRemoved, AllBlocksCleared for G1, engine restart).",
             _SRC),
@@ -363,6 +367,7 @@ class VllmKvEventsCollector:
                         log_once(s, f"block-size-{tier.value}",
                                  f"no kvscope_tier_used_bytes for {tier.value}: {_NO_SIZE_WHY[st.block_size]}")
             out.append(Sample(STORED_TOTAL, tl, st.stored))
+            out.append(Sample(REANNOUNCED_TOTAL, tl, st.restored))
             out.append(Sample(REMOVED_TOTAL, tl, st.removed))
             out.append(Sample(REMOVED_UNKNOWN_TOTAL, tl, st.removed_unknown))
             buckets, total, count = st.reuse.cumulative()
@@ -375,7 +380,7 @@ class VllmKvEventsCollector:
             meta.block_tokens = g1.block_tokens(self._opts.default_block_size)
             meta.bytes_per_token = bytes_per_token
             meta.sampled_accesses = g1.reuse.uses
-            meta.new_blocks = g1.stored
+            meta.reannounced = g1.restored
             meta.complete = g1.known
         return out
 

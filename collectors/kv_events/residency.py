@@ -83,6 +83,12 @@ class TierState:
         return self.resident.stored
 
     @property
+    def restored(self) -> int:
+        """Stores of a block already resident: re-announcements of reused blocks (exact, not sampled)."""
+        self.resident.flush()
+        return self.resident.restored
+
+    @property
     def removed(self) -> int:
         """Blocks that stopped being resident (BlockRemoved, AllBlocksCleared, a restart)."""
         self.resident.flush()

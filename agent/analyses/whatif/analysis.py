@@ -187,7 +187,7 @@ class WhatIfAnalysis:
         store, labels = self._window, stream.labels
         hits = {tier: store.value(c.KV_HIT_TOKENS, (*labels, tier)) or 0.0 for tier in TIERS}
         return Counters(store.value(c.KV_LOOKUP_TOKENS, labels) or 0.0, hits, stream.meta.sampled_accesses,
-                        stream.meta.new_blocks)
+                        stream.meta.reannounced)
 
     def _today(self, labels: Labels, geometry: Geometry) -> tuple[int | None, ...]:
         out: list[int | None] = []
@@ -273,9 +273,8 @@ class WhatIfAnalysis:
         hits = now.hit_tokens.get("G1", 0.0) - start.hit_tokens.get("G1", 0.0)
         if setup is None or hits <= 0:
             return None
-        stores = (now.sampled_accesses - start.sampled_accesses) / setup.sample_rate
-        reannounced = max(0.0, stores - (now.new_blocks - start.new_blocks))
-        return reannounced * setup.geometry.block_tokens / hits
+        # counted exactly by the collector (a store of a block already resident), not from the sampled stores
+        return (now.reannounced - start.reannounced) * setup.geometry.block_tokens / hits
 
     # -- the profile ---------------------------------------------------------------------------------------
 

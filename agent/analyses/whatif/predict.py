@@ -257,6 +257,10 @@ def prediction(profile: StreamProfile, scenario: Scenario, blocks: list[int], cl
                                  profile.block_tokens, offload_ratio(today, outcomes, profile.cost.store))
         notes.extend(why)
     confidence = "" if ttft is None or profile.cost is None else ("high" if profile.cost.confident else "low")
+    if profile.sample_too_small:
+        confidence = "low"
+        notes.append(f"the sample holds {profile.distinct_sampled} distinct blocks, too few to trust "
+                     f"(re-run at reuse_sample_rate {profile.rate_to_trust():.3g})")
     return Prediction(scenario, blocks, clamped, hit_tokens, share(hit_tokens), ttft, confidence, notes,
                       model_hits, share(model_hits))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvscope.agent.analyses.whatif.hierarchy import TIERS
 from kvscope.agent.analyses.whatif.predict import Prediction
-from kvscope.agent.analyses.whatif.profile import StreamProfile
+from kvscope.agent.analyses.whatif.profile import MIN_DISTINCT_SAMPLED, StreamProfile
 from kvscope.agent.analyses.whatif.sizes import fmt_bytes
 
 
@@ -75,6 +75,12 @@ def header(profile: StreamProfile) -> str:
     if profile.g1_hits_seen is not None and profile.g1_hits_seen < 0.9:
         lines.append(f"WARNING: the KV events showed {100 * profile.g1_hits_seen:.0f}% of the engine's G1 hits: "
                      "without kv_cache_report_mode=full they carry only G1 misses and these predictions do not hold")
+    if profile.sample_too_small:
+        lines.append(f"WARNING: the sample holds only {profile.distinct_sampled:,} distinct blocks (fewer than "
+                     f"{MIN_DISTINCT_SAMPLED}): the shares below may be off by many points. Set "
+                     f"[collectors.vllm_kv_events] reuse_sample_rate = {profile.rate_to_trust():.3g} and re-run")
+    else:
+        lines.append(f"sample: {profile.distinct_sampled:,} distinct blocks")
     if profile.dropped:
         lines.append(f"note: {profile.dropped:,} sampled accesses were dropped before the analysis read them")
     lines.extend(f"note: {n}" for n in profile.notes)
@@ -104,7 +110,8 @@ def as_json(profile: StreamProfile, predictions: Sequence[Prediction]) -> dict[s
     return {
         "engine": profile.engine, "model": profile.model, "dp_rank": profile.dp_rank, "policy": profile.policy,
         "sample_rate": profile.sample_rate, "block_tokens": profile.block_tokens,
-        "bytes_per_token": profile.bytes_per_token,
+        "bytes_per_token": profile.bytes_per_token, "distinct_sampled_blocks": profile.distinct_sampled,
+        "sample_too_small": profile.sample_too_small, "rate_to_trust": round(profile.rate_to_trust(), 9),
         "measured": {"shares": {t: num(profile.measured.share(t)) for t in TIERS}, "ttft_mean": num(mean),
                      "ttft_p50": num(p50)},
         "scenarios": [{

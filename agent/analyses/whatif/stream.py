@@ -48,7 +48,7 @@ class Counters:
     lookup_tokens: float = 0.0
     hit_tokens: dict[str, float] = field(default_factory=dict)
     sampled_accesses: int = 0
-    new_blocks: int = 0
+    reannounced: int = 0
 
     def since(self, start: Counters) -> Measured:
         return Measured(max(0.0, self.lookup_tokens - start.lookup_tokens),

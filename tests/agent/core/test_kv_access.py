@@ -71,15 +71,16 @@ def test_the_collector_fills_the_stream_of_each_rank_and_its_metadata() -> None:
                                                               data_parallel_size=2, kv_bytes_per_token=36864,
                                                               reuse_sample_rate=1.0), ctx, access_log=log)
         stream = collector.streams[1]
-        events: list[Any] = [Vllm033BlockStored([h], None, [1] * 16, 16, None, "GPU", None) for h in (11, 12)]
+        # 12 twice: the second store re-announces a resident block (kv_cache_report_mode=full), counted exactly
+        events: list[Any] = [Vllm033BlockStored([h], None, [1] * 16, 16, None, "GPU", None) for h in (11, 12, 12)]
         events.append(Vllm033BlockRemoved([11], "GPU"))
         payload = msgspec.msgpack.encode(Vllm033Batch(1.0, events, 1))
         collector.handle(stream, [b"", (0).to_bytes(8, "big"), payload])
         collector.collect()
         (rank0, rank1) = log.streams()
         assert rank0.labels == ("vllm", "m", "0") and rank1.labels == ("vllm", "m", "1")
-        assert rank1.take() == [BATCH, 11, 12] and rank0.take() == []
+        assert rank1.take() == [BATCH, 11, 12, 12] and rank0.take() == []
         assert (rank1.meta.block_tokens, rank1.meta.bytes_per_token, rank1.meta.sampled_accesses,
-                rank1.meta.new_blocks, rank1.meta.complete) == (16, 36864, 2, 2, True)
+                rank1.meta.reannounced, rank1.meta.complete) == (16, 36864, 3, 1, True)
     finally:
         ctx.term()

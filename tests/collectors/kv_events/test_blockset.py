@@ -16,12 +16,13 @@ class Reference:
 
     def __init__(self) -> None:
         self.members: set[int] = set()
-        self.stored = self.removed = self.unknown = 0
+        self.stored = self.removed = self.unknown = self.restored = 0
 
     def store(self, hashes: list[int]) -> None:
         before = len(self.members)
         self.members.update(hashes)
         self.stored += len(self.members) - before
+        self.restored += len(hashes) - (len(self.members) - before)  # stores of a block already resident
 
     def remove(self, hashes: list[int]) -> None:
         before = len(self.members)
@@ -34,7 +35,8 @@ class Reference:
 def check(ours: BlockSet, ref: Reference) -> None:
     assert len(ours) == len(ref.members)
     assert set(ours) == ref.members
-    assert (ours.stored, ours.removed, ours.unknown) == (ref.stored, ref.removed, ref.unknown)
+    assert (ours.stored, ours.removed, ours.unknown, ours.restored) == (ref.stored, ref.removed, ref.unknown,
+                                                                         ref.restored)
 
 
 @pytest.mark.parametrize("seed", range(6))

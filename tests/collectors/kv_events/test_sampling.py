@@ -25,6 +25,7 @@ from kvscope.agent.tools.reference.vllm_kv_wire import (
 )
 from kvscope.collectors.kv_events.collector import (
     NAME,
+    REANNOUNCED_TOTAL,
     REUSE_DISTANCE,
     REUSE_STORES_TOTAL,
     VllmKvEventsCollector,
@@ -255,6 +256,9 @@ def test_collector_default_rate_reports_scaled_histogram_and_stores() -> None:
         assert stores[lab] == 6 * 16
         res = stream.residency.tier(Tier.G1)
         assert (len(res.resident), res.stored) == (5, 5)  # residency is exact whatever the rate
+        # and so are re-announcements (high, 1, the second 5: stores of a resident block), not 16 × sampled ones
+        again = {r.labels: r.value for r in readings if isinstance(r, Sample) and r.name == REANNOUNCED_TOTAL}
+        assert again[lab] == 3
     finally:
         ctx.term()
 

@@ -8,7 +8,17 @@ import pytest
 
 from kvscope.agent.analyses.whatif.hierarchy import MISS
 from kvscope.agent.analyses.whatif.predict import Outcomes, offload_ratio, predict_ttft, replay, transport
-from kvscope.agent.analyses.whatif.profile import Cost, Measured, RequestSample, StreamProfile, TierFetch, dumps, loads
+from kvscope.agent.analyses.whatif.profile import (
+    MIN_DISTINCT_SAMPLED,
+    Cost,
+    Measured,
+    RequestSample,
+    StreamProfile,
+    TierFetch,
+    dumps,
+    loads,
+)
+from kvscope.agent.analyses.whatif.report import header
 from kvscope.agent.analyses.whatif.sizes import scenario
 from kvscope.agent.tools.reference.blocks import chain_blocks
 from kvscope.agent.tools.reference.scenarios import prefix_order
@@ -180,3 +190,25 @@ def test_sampled_predictions_stay_near_the_exact_ones(seed: int) -> None:
     for e, s in zip(exact, estimate, strict=True):
         for truth, predicted in zip(e.model_shares, s.shares, strict=True):
             assert abs(predicted - truth) <= 0.02, (e.scenario.name, e.model_shares, s.shares)
+
+
+def test_a_sample_of_few_distinct_blocks_says_so_and_the_rate_that_would_do() -> None:
+    """A working set of 320 blocks at 1/16 keeps ~20 of them: the predictions are marked low-confidence with
+    the reason, and the report asks for the rate that would sample MIN_DISTINCT_SAMPLED blocks. Sampled
+    every block (rate 1) nothing is said: there is no sampling error."""
+    threshold = 2**64 // 16
+    keys = [k * (2**64 // 320) + 12345 for k in range(320)]  # spread over the hash space, as vLLM's are
+    kept = array("Q", [k for k in keys if k < threshold] * 4)
+    small = StreamProfile("vllm", "m", "0", 1 / 16, 16, BYTES_PER_TOKEN, "inclusive", [64, 0, None, 0], trace=kept,
+                          batches=array("I", [len(kept)]), measured=Measured(320.0 * 16 * 4, {"G1": 3.0 * 320 * 16}))
+    assert small.distinct_sampled == 20 and small.sample_too_small
+    assert small.rate_to_trust() == min(1.0, 1 / 16 * MIN_DISTINCT_SAMPLED / 20) == 1.0  # so small: every block
+    (today,) = replay(small, [])
+    assert today.confidence == "low" and any("20 distinct blocks" in n for n in today.notes)
+    text = header(small)
+    assert "WARNING: the sample holds only 20 distinct blocks" in text and "reuse_sample_rate = 1" in text
+    whole = StreamProfile("vllm", "m", "0", 1.0, 16, BYTES_PER_TOKEN, "inclusive", [64, 0, None, 0],
+                          trace=array("Q", keys * 4), batches=array("I", [4 * len(keys)]),
+                          measured=Measured(320.0 * 16 * 4, {"G1": 3.0 * 320 * 16}))
+    assert not whole.sample_too_small and "WARNING" not in header(whole)
+    assert "sample: 320 distinct blocks" in header(whole)
