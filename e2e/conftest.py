@@ -9,27 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from testkit.http import free_port
+from testkit.live_vllm import SMALL_G1_BLOCKS
 
 HERE = Path(__file__).resolve().parent
 BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 2048
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
@@ -83,8 +80,9 @@ def model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
-           max_model_len: int = MAX_MODEL_LEN) -> Iterator[Live]:
-    """vllm serve and kvscope run, each on free ports; `gpu_blocks` forces G1 small (blocks are evicted)."""
+           max_model_len: int = MAX_MODEL_LEN, reuse_sample_rate: float | None = None) -> Iterator[Live]:
+    """vllm serve and kvscope run, each on free ports; `gpu_blocks` forces G1 small (blocks are evicted);
+    `reuse_sample_rate` overrides the KV-event collector's default (1/16) for the what-if analysis."""
     engine, events, replay, otlp, agent = (free_port() for _ in range(5))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
@@ -111,6 +109,7 @@ endpoint = "tcp://127.0.0.1:{events}"
 replay_endpoint = "tcp://127.0.0.1:{replay}"
 model = "{model}"
 kv_bytes_per_token = 512
+{"" if reuse_sample_rate is None else f"reuse_sample_rate = {reuse_sample_rate!r}"}
 [collectors.otlp_traces]
 enabled = true
 listen = "127.0.0.1:{otlp}"
@@ -134,9 +133,6 @@ def live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         yield running
 
 
-# 2,048 tokens: the three shared prefixes (~500 tokens each) and their continuations do not all stay. vLLM
-# wants the max model length to fit in one block less than G1 ("estimated maximum model length is 2016").
-SMALL_G1_BLOCKS = 64
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +140,11 @@ def small_live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory
     with launch(venv, model, tmp_path_factory.mktemp("small"), gpu_blocks=SMALL_G1_BLOCKS,
                 max_model_len=1024) as running:
         yield running
+
+
+@pytest.fixture()
+def launcher(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """launch() for a test that starts engines of its own: launcher(name, gpu_blocks=..., ...)."""
+    def start(name: str, **kwargs: Any) -> Any:
+        return launch(venv, model, tmp_path_factory.mktemp(name), **kwargs)
+    return start
