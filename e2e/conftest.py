@@ -60,6 +60,7 @@ class Live:
     folder: Path
     block_tokens: int = BLOCK_TOKENS
     kv_bytes_per_token: int = 512
+    restart: Callable[[], None] = lambda: None  # restarts the engine (launch sets it)
 
 
 @pytest.fixture(scope="session")
@@ -89,12 +90,18 @@ def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}",
                  "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}
     engine_log = folder / "vllm.log"
-    serve = subprocess.Popen(
-        [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(engine),
-         "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(max_model_len), "--enable-prefix-caching",
-         "--kv-events-config", json.dumps(kv_events), "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces",
-         *(["--num-gpu-blocks-override", str(gpu_blocks)] if gpu_blocks else [])],
-        env=env, stdout=engine_log.open("wb"), stderr=subprocess.STDOUT)
+    command = [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(engine),
+               "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(max_model_len), "--enable-prefix-caching",
+               "--kv-events-config", json.dumps(kv_events),
+               "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces",
+               *(["--num-gpu-blocks-override", str(gpu_blocks)] if gpu_blocks else [])]
+    engines = [subprocess.Popen(command, env=env, stdout=engine_log.open("wb"), stderr=subprocess.STDOUT)]
+
+    def restart() -> None:
+        """vLLM stopped and started again on the same ports (a pod's engine container restarting)."""
+        stop(engines[-1])
+        engines.append(subprocess.Popen(command, env=env, stdout=engine_log.open("ab"), stderr=subprocess.STDOUT))
+        wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[-1], engine_log, 300)
     config = folder / "kvscope.toml"
     config.write_text(f"""[agent]
 interval = 1.0
@@ -120,10 +127,10 @@ model = "{model}"
                                stdout=agent_log.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{agent}/metrics", sidecar, agent_log, 30)
-        wait_http(f"http://127.0.0.1:{engine}/v1/models", serve, engine_log, 300)
-        yield Live(str(model), f"http://127.0.0.1:{engine}", f"http://127.0.0.1:{agent}", folder)
+        wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[0], engine_log, 300)
+        yield Live(str(model), f"http://127.0.0.1:{engine}", f"http://127.0.0.1:{agent}", folder, restart=restart)
     finally:
-        stop(serve)
+        stop(engines[-1])
         stop(sidecar)
 
 

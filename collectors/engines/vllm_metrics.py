@@ -50,26 +50,34 @@ capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size → G1 to
 `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
 
 Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
+A restart is not always a decrease: a vLLM that served as many requests between two scrapes after its
+restart as before it shows the same totals again. So each target's `process_start_time_seconds` (the
+API server's, on every single-process page) is watched: when it changes, every reading of that page
+is preceded by a zero of itself, so the store takes the page's values as growth from zero (a reset).
 Histograms and capacities that a restarted engine has not reported yet are held at their last reading
-while the engine is on the page (`_with_held`), so they do not leave the exposition in the gap.
+while the engine is on the page (`_with_held`), so they do not leave the exposition in the gap; at a
+restart that is known the held histograms are zeroed (the new life has observed nothing yet).
 
 Targets are scraped in parallel, each with a deadline on its whole request (collectors/scrape/fetch.py).
 A target that fails (connect, timeout, HTTP status, larger than `max_response_bytes`, a body cut
-off mid-line) contributes no readings this cycle and shows `kvscope_scrape_target_up 0`; the other
-targets are unaffected, and so is the collector's own `kvscope_collector_up`.
+off mid-line) contributes no new readings this cycle and shows `kvscope_scrape_target_up 0`; its last
+counters and histograms are given again, unchanged, so their totals stay exported through an engine
+restart of any length (and go on from there), while its gauges leave. The other targets are
+unaffected, and so is the collector's own `kvscope_collector_up`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.catalogue import counter, gauge
 from kvscope.agent.core.contract import ENGINE_LABELS
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.core.readings import HistogramSample, Reading
+from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.vllm_map import (
     BLOCK_COUNTED,
@@ -111,6 +119,9 @@ METRICS = (
     *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
         c.PREEMPTIONS, c.PEER_TRANSFER_BYTES, c.PEER_TRANSFER_SECONDS, c.PEER_TRANSFER_FAILURES)),
 )
+# the engine's counters among the readings (histograms are told by their type): held while a target is down
+_CUMULATIVE = frozenset(spec.name for spec in (*c.CONTRACT_METRICS, *METRICS)
+                        if spec.type == "counter" and not spec.name.startswith("kvscope_scrape_"))
 
 
 @dataclass
@@ -167,6 +178,27 @@ def check_url(url: str) -> None:
 # Series an engine reports only once it has something to report (a histogram before its first observation
 # in vLLM's multiprocess mode, the offload config after a restart): held through an engine restart.
 _HELD_GAUGES = frozenset({c.TIER_CAPACITY_BYTES, c.TIER_CAPACITY_TOKENS})
+# the API server's start time (prometheus_client's process collector; absent in multiprocess mode)
+_STARTED = re.compile(rb"^process_start_time_seconds(?:\{[^}\n]*\})?[ \t]+([0-9.eE+-]+)", re.MULTILINE)
+
+
+def start_time(page: bytes) -> float | None:
+    """The page's process_start_time_seconds, or None when it has none (or an unreadable one)."""
+    match = _STARTED.search(page)
+    if match is None:
+        return None
+    try:
+        return float(match.group(1))
+    except ValueError:
+        return None
+
+
+def zero(reading: Reading) -> Reading:
+    """`reading` at zero: a counter or histogram of a process that has just started."""
+    if isinstance(reading, HistogramSample):
+        return replace(reading, buckets=tuple((bound, 0.0) for bound, _ in reading.buckets), sum=0.0, count=0.0)
+    return Sample(reading.name, reading.labels, 0.0, reading.wrap_modulus)
+
 
 class VllmMetricsCollector:
     """Scrapes its targets in parallel, each with its own whole-request deadline, so one slow target can
@@ -184,6 +216,9 @@ class VllmMetricsCollector:
         self._targets = [ScrapeTarget(url, ExpositionScanner(("vllm:",), wanted)) for url in options.urls]
         self._scrape = ParallelScrape(options.urls, fetch or http_fetch, options.scrape_timeout_seconds,
                                       options.max_response_bytes)
+        self._started: dict[str, float] = {}  # per target URL: the engine's process start time, last seen
+        # per target URL: its last page's counters and histograms, re-sent while it cannot be scraped
+        self._totals: dict[str, list[Reading]] = {}
 
     def _unknown_tier(self, value: str) -> None:
         if value not in self._unknown_tiers and len(self._unknown_tiers) < 64:
@@ -191,12 +226,26 @@ class VllmMetricsCollector:
             log.warning("vllm: tiering tier %r matches no rule of tiering_tiers; its bytes are exported as "
                         "tier 'unattributed' (map it with tiering_tiers = { %r = \"G3\" } or G4)", value, value)
 
+    def _restarted(self, url: str, page: bytes) -> bool:
+        """Whether the target's engine started again since its last page (its process start time moved)."""
+        started = start_time(page)
+        if started is None:
+            return False
+        before = self._started.get(url)
+        self._started[url] = started
+        if before is None or started == before:
+            return False
+        log.info("%s target %s: the engine restarted (process start time %.3f, was %.3f): its counters count "
+                 "from zero again", NAME, url, started, before)
+        return True
+
     def collect(self) -> list[Reading]:
         readings: list[Reading] = []
         claimed: set[SeriesKey] = set()  # series keys already given by a target
         for target, answer in zip(self._targets, self._scrape.cycle(), strict=True):
             page = target.page(NAME, answer)
-            if page is None:
+            if page is None:  # down (a restarting engine takes minutes): its totals stay, unchanged
+                target.claim(NAME, self._totals.get(target.url, ()), claimed, readings, "same model and dp rank")
                 continue
             # the HELP says which unit an old engine counted its prefix cache in (read only when it has those)
             in_blocks = (isinstance(answer, bytes) and not page.samples.keys().isdisjoint(BLOCK_COUNTED)
@@ -208,7 +257,15 @@ class VllmMetricsCollector:
                             "no vllm:cache_config_info block_size to turn them into tokens: prefix cache "
                             "lookups and hits are not exported for it (logged once)", NAME, target.url)
             target.count_malformed(NAME, page, result.dropped)
-            target.claim(NAME, _with_held(target.held, result.readings), claimed, readings, "same model and dp rank")
+            restarted = isinstance(answer, bytes) and self._restarted(target.url, answer)
+            if restarted:
+                target.held = {key: zero(r) if isinstance(r, HistogramSample) else r for key, r in target.held.items()}
+            given: list[Reading] = []
+            target.claim(NAME, _with_held(target.held, result.readings), claimed, given, "same model and dp rank")
+            if restarted:  # each value counted from zero: the store sees a reset, then the new life's growth
+                readings.extend(zero(r) for r in given)
+            readings.extend(given)
+            self._totals[target.url] = [r for r in given if isinstance(r, HistogramSample) or r.name in _CUMULATIVE]
         readings.extend(target_health(NAME, self._targets))
         return readings
 

@@ -242,6 +242,48 @@ def test_engine_histograms_and_capacities_stay_exported_through_a_restart() -> N
     assert base not in store.values("kvscope_ttft_seconds")
 
 
+def test_a_restart_that_reaches_the_same_totals_is_still_counted() -> None:
+    """An engine that, restarted, served as much between two scrapes as before shows the same totals: no
+    counter went back. Its process_start_time_seconds moved, so the page counts from zero again (a live
+    vLLM in make e2e: 8 requests, restart, 8 requests, and the TTFT count stayed at 8 before this)."""
+    pages: list[bytes | None] = [page(DP2)]
+
+    def fetch(*_: object) -> Page:
+        if pages[0] is None:
+            raise ScrapeError("connect", "[Errno 111] Connection refused")
+        return Page(pages[0], framed=True)
+
+    store = Store(build_catalogue(Components({"vllm": SPEC}, {})))
+    collector = VllmMetricsCollector(VllmOptions(urls=["http://t/metrics"]), fetch=fetch)
+    base = ("vllm", MODEL, "0")
+    store.ingest("vllm", collector.collect(), now=1.0)
+    lookups, ttft = store.values("kvscope_kv_lookup_tokens_total")[base], store.histogram("kvscope_ttft_seconds", base)
+    assert lookups > 0 and ttft[3] > 0 and base in store.values("kvscope_kv_cache_usage_ratio")
+    store.ingest("vllm", collector.collect(), now=2.0)  # the same page again: nothing grew
+    assert store.values("kvscope_kv_lookup_tokens_total")[base] == lookups
+    pages[0] = None  # restarting: down for longer than the store's stale_after (5 collections)
+    for now in range(3, 13):
+        store.ingest("vllm", collector.collect(), now=float(now))
+    assert store.values("kvscope_kv_lookup_tokens_total")[base] == lookups  # the totals stayed
+    assert store.histogram("kvscope_ttft_seconds", base) == ttft
+    assert base not in store.values("kvscope_kv_cache_usage_ratio")  # a down engine's gauges do not
+    started = page(DP2).replace(b"process_start_time_seconds 1.79605655e+09",
+                                b"process_start_time_seconds 1.79605755e+09")
+    assert started != page(DP2)
+    pages[0] = started
+    store.ingest("vllm", collector.collect(), now=13.0)
+    assert store.values("kvscope_kv_lookup_tokens_total")[base] == 2 * lookups
+    after = store.histogram("kvscope_ttft_seconds", base)
+    assert after[3] == 2 * ttft[3] and after[2] == pytest.approx(2 * ttft[2])
+    assert store.values("kvscope_source_resets_total")[("vllm",)] > 0
+    store.ingest("vllm", collector.collect(), now=14.0)  # the new life's same page: counted once
+    assert store.values("kvscope_kv_lookup_tokens_total")[base] == 2 * lookups
+    # a page without a start time (vLLM's multiprocess mode) is read as before: decreases are the resets
+    bare = VllmMetricsCollector(VllmOptions(urls=["http://t/metrics"]), fetch=lambda *_: Page(
+        _without(page(DP2), "process_start_time_seconds"), framed=True))
+    assert bare.collect() and not bare._started
+
+
 def test_the_other_engine_adapters_scrape_in_parallel_and_read_pages_whole(servers: list[RawServer]) -> None:
     """SGLang, LMCache and Dynamo share PageScraper: three hung targets cost one deadline there too, and
     a page whose Content-Length was met counts even without its final newline."""

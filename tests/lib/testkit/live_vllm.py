@@ -20,14 +20,19 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-
                      "text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
 
 
-def scrape(url: str) -> Page:
+def scrape(url: str, kinds: tuple[str, ...] = ()) -> Page:
+    """The page at `url`/metrics, read as Prometheus asks for it; `kinds`: only families of these types
+    (counter, histogram, ...), without their _created samples."""
     request = urllib.request.Request(f"{url}/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
     with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     out = {}
     for family in text_string_to_metric_families(text.replace("# EOF\n", "")):
+        if kinds and family.type not in kinds:
+            continue
         for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            if not (kinds and s.name.endswith("_created")):
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
 
