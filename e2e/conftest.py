@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -21,12 +23,35 @@ from typing import Any
 
 import pytest
 
-from testkit.http import free_port
 from testkit.live_vllm import SMALL_G1_BLOCKS
 
 HERE = Path(__file__).resolve().parent
 BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 2048
+
+
+_TAKEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port to listen on, free now and below the kernel's ephemeral range. vLLM binds its ports ~15 s
+    after it is told them, and meanwhile the sidecar's outgoing connections (to those very ports) take
+    ephemeral source ports: a port picked from that range (bind to 0) was once taken so, and vLLM failed
+    with "Address already in use"."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(10000, max(10001, low))
+        if port in _TAKEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _TAKEN.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
