@@ -25,14 +25,15 @@ import logging
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
-from kvscope.agent.core.readings import Reading
+from kvscope.agent.core.readings import Reading, Sample
 from kvscope.agent.core.streams import GPU_INTERVALS, StreamUse
 from kvscope.collectors.gpu.calls import GpuLost, NvmlCalls, missing, text
+from kvscope.collectors.gpu.pod_resources import POD_INFO, GpuOwner, PodResourcesClient, pod_info
 from kvscope.collectors.gpu.reads import GpuReader
 from kvscope.collectors.gpu.samples import METRICS, GpuState, gpu_readings
 
@@ -53,6 +54,8 @@ class NvmlOptions:
     nvlink: bool = True
     processes: bool = True
     process_match: str = ""  # regex on the process's comm; "" reports every compute process
+    # the kubelet's pod-resources socket (the node agent): kvscope_gpu_pod_info names the pod of each GPU
+    pod_resources_socket: str = ""
 
     def validate(self, path: str) -> None:
         for name in ("init_retry_seconds", "max_sample_gap_seconds"):
@@ -70,8 +73,10 @@ class NvmlOptions:
 
 class NvmlCollector:
     def __init__(self, nvml: Any | None, options: NvmlOptions, clock: Callable[[], float],
-                 wall_clock: Callable[[], float], proc_root: str = "/proc") -> None:
+                 wall_clock: Callable[[], float], proc_root: str = "/proc",
+                 owners: Callable[[], Mapping[str, GpuOwner]] | None = None) -> None:
         self._calls = NvmlCalls(nvml)
+        self._owners = owners  # GPU UUID -> the container the kubelet gave it (None: not on Kubernetes)
         self._options = options
         self._clock, self._wall = clock, wall_clock
         self._gpus: list[GpuState] | None = None
@@ -115,7 +120,20 @@ class NvmlCollector:
                     self._mark_lost(gpu, now)
             with self._lock:
                 readings.extend(gpu_readings(gpu))
-        return readings
+        return readings + self._pod_info()
+
+    def _pod_info(self) -> list[Reading]:
+        if self._owners is None:
+            return []
+        try:
+            owners = self._owners()
+        except Exception as exc:  # the kubelet restarting, a socket not mounted: GPU data goes on without pods
+            self._calls.log_once(("pod-resources", type(exc).__name__), logging.WARNING,
+                                 "nvml: the kubelet's pod-resources API does not answer (%s: %s); GPU series "
+                                 "carry no pod until it does", type(exc).__name__, exc)
+            return []
+        gpus = [(g.label, g.uuid) for g in self._gpus or []]
+        return [Sample(POD_INFO.name, labels, value) for labels, value in pod_info(gpus, owners)]
 
     def close(self) -> None:
         self._stop.set()
@@ -124,6 +142,9 @@ class NvmlCollector:
         if self._gpus is not None and self._calls.nvml is not None:
             self._gpus = None
             self._shutdown()
+        close = getattr(self._owners, "close", None)
+        if close is not None:
+            close()
 
     def _ensure_init(self, now: float) -> bool:
         if self._gpus is not None:
@@ -227,7 +248,8 @@ def build(options: NvmlOptions, context: CollectorContext) -> NvmlCollector:
         nvml: Any | None = importlib.import_module("pynvml")  # lazily: the agent runs without it
     except ImportError:
         nvml = None
-    return NvmlCollector(nvml, options, context.clock, context.wall_clock, context.proc_root)
+    owners = PodResourcesClient(options.pod_resources_socket) if options.pod_resources_socket else None
+    return NvmlCollector(nvml, options, context.clock, context.wall_clock, context.proc_root, owners)
 
 
 SPEC = CollectorSpec(
@@ -235,7 +257,7 @@ SPEC = CollectorSpec(
     description="NVIDIA GPUs over NVML: busy/idle seconds, PCIe/NVLink bytes, memory (quiet without a GPU)",
     options=NvmlOptions,
     factory=build,
-    metrics=METRICS,
+    metrics=(*METRICS, POD_INFO),
     enabled_by_default=True,
     # its busy/idle samples are what fetch stall is measured against (a stand-in may be offered instead)
     streams=StreamUse(offers={GPU_INTERVALS: lambda collector: collector}),
