@@ -16,6 +16,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kvscope.dashboards import fleet, hardware, health, overview, ttft
+from kvscope.dashboards.chart_files import chart_files
 
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules"
@@ -57,4 +58,5 @@ def prometheus_rule(rules_dir: Path = RULES) -> str:
 def render() -> dict[str, str]:
     out = {path: dashboard_json(build()) for path, build in DASHBOARDS.items()}
     out[PROMETHEUS_RULE] = prometheus_rule()
+    out.update(chart_files(out, RULES, HERE.parent))  # the Helm chart's copies
     return out

@@ -73,7 +73,7 @@ def test_the_compose_binary_accepts_it_and_rejects_a_broken_copy(tmp_path: Path)
     assert ok.returncode == 0 and ok.stderr.strip() == "", ok.stderr
     broken = tmp_path / "docker-compose.yml"
     shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
-    broken.write_text(COMPOSE.read_text().replace("    ports:\n      - \"9090:9090\"", "    portz: [9090]"))
+    broken.write_text(COMPOSE.read_text().replace("    ports:\n      - \"127.0.0.1:9090:9090\"", "    portz: [9090]"))
     bad = _compose_config(broken, tmp_path)
     assert bad.returncode != 0 and "portz" in bad.stderr
 
@@ -191,3 +191,18 @@ def test_the_load_generator_builds_fixed_prompts() -> None:
     assert first == again and len(first) == 3 and all(len(p) == 16 for p in first)
     assert len({tuple(p) for p in first}) == 3
     assert _compose()["services"]["load"]["volumes"] == ["./deploy/compose/load.py:/demo/load.py:ro"]
+
+
+def test_a_laptop_demo_exposes_nothing_beyond_the_laptop() -> None:
+    """Every published port on 127.0.0.1, Grafana's anonymous visitors only view, Prometheus has no
+    lifecycle API (anyone reaching it could shut it down), and every image is an exact release."""
+    services = _compose()["services"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+(:v?\d+\.\d+\.\d+|@sha256:[0-9a-f]{64})|kvscope:demo", image), (name, image)
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert not any("lifecycle" in flag or "admin-api" in flag for s in services.values()
+                   for flag in s.get("command", []))

@@ -13,16 +13,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from jsonschema import Draft7Validator
 
 from kvscope.agent.app.wiring import components
 from kvscope.agent.config.settings import load_config
 from kvscope.agent.tools.reference.geometry import preset
 from kvscope.exporters.prometheus.server import SPEC as PROMETHEUS
+from testkit.crd_schema import crd_validator
 from testkit.paths import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
-CRDS = ROOT / "tests" / "fixtures" / "schemas" / "prometheus-operator"
 KUBERNETES_VERSION = "1.33"
 
 
@@ -32,7 +31,8 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def _containers() -> dict[str, dict[str, Any]]:
-    return {c["name"]: c for c in _load("inference-pod.yaml")["spec"]["containers"]}
+    spec = _load("inference-pod.yaml")["spec"]
+    return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
 
 
 def _agent_config() -> Any:
@@ -47,27 +47,15 @@ def test_valid_against_the_kubernetes_schema(name: str) -> None:
 
 def test_the_kubernetes_check_rejects_an_unknown_field() -> None:
     pod = _load("inference-pod.yaml")
-    pod["spec"]["containers"][1]["volumeMount"] = []
+    pod["spec"]["initContainers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
-
-
-def _strict(schema: Any) -> Any:
-    """The CRD schema as `kubectl apply --validate=strict` applies it: unknown fields are errors (the API
-    server would otherwise prune them silently), except where the CRD preserves unknown fields."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out \
-                and not out.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-        return out
-    return [_strict(v) for v in schema] if isinstance(schema, list) else schema
 
 
 @pytest.mark.parametrize(("name", "schema"), [("podmonitor.yaml", "podmonitors"),
                                               ("prometheusrule.yaml", "prometheusrules")])
 def test_valid_against_the_operator_crd(name: str, schema: str) -> None:
-    validator = Draft7Validator(_strict(json.loads((CRDS / f"{schema}.v1.schema.json").read_text())))
+    validator = crd_validator(schema)
     resource = _load(name)
     assert resource["apiVersion"] == "monitoring.coreos.com/v1"
     assert [e.message for e in validator.iter_errors(resource)] == []
@@ -77,28 +65,38 @@ def test_valid_against_the_operator_crd(name: str, schema: str) -> None:
     assert not validator.is_valid(broken)
 
 
-def test_the_sidecar_reads_the_host_read_only_and_runs_unprivileged() -> None:
-    pod = _load("inference-pod.yaml")
-    sidecar = _containers()["kvscope"]
-    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+def test_the_sidecar_is_native_needs_nothing_of_the_host_and_never_gates_readiness() -> None:
+    pod = _load("inference-pod.yaml")["spec"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["name"] == "kvscope" and sidecar["restartPolicy"] == "Always"  # a native sidecar
+    assert "readinessProbe" not in sidecar  # a native sidecar's readiness counts towards the pod's
+    port = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["path"] == "/health", probe
+        assert port[sidecar[probe]["httpGet"]["port"]] == 9474
+    assert not any("hostPath" in v for v in pod["volumes"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
-    agent = _agent_config().agent
-    for root, host in ((agent.proc_root, "/proc"), (agent.sys_root, "/sys")):
-        assert mounts[root]["readOnly"] is True
-        assert volumes[mounts[root]["name"]]["hostPath"]["path"] == host
     assert volumes[mounts["/etc/kvscope"]["name"]]["configMap"]["name"] == _load("configmap.yaml")["metadata"]["name"]
-    assert all(m["name"] in volumes for m in sidecar["volumeMounts"])
-    security = sidecar["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True and security["runAsNonRoot"] is True
-    assert security["allowPrivilegeEscalation"] is False and security["capabilities"]["drop"] == ["ALL"]
-    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in sidecar["env"]
-    assert "nvidia.com/gpu" not in sidecar.get("resources", {}).get("limits", {})  # sees the GPU, takes none
+    assert all(m["name"] in volumes for c in _containers().values() for m in c.get("volumeMounts", []))
+    assert "env" not in sidecar  # no NVIDIA_VISIBLE_DEVICES: the GPUs are the node agent's
+    assert _containers()["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_the_sidecar_reads_no_host_source() -> None:
+    config = _agent_config()
+    host = {"disk", "network", "rdma", "nfs", "lustre", "gpfs", "nvml"}
+    assert {name for name in host if config.collectors[name][0].enabled} == set()
+    with_env = load_config(_load("configmap.yaml")["data"]["kvscope.toml"], components(),
+                           environ={"KVSCOPE_AGENT__PROC_ROOT": "/proc", "KVSCOPE_AGENT__SYS_ROOT": "/sys"},
+                           origin="configmap.yaml")  # e2e/conftest.py sets them
+    assert with_env.agent.proc_root == "/proc"
 
 
 def test_vllm_and_kvscope_agree_on_every_endpoint() -> None:
     config = _agent_config()
     enabled = {name for name, (settings, _) in config.collectors.items() if settings.enabled}
-    assert {"vllm", "vllm_kv_events", "otlp_traces", "nvml", "disk", "network"} <= enabled
+    assert {"vllm", "vllm_kv_events", "otlp_traces"} <= enabled
     vllm = _containers()["vllm"]
     args = " ".join(vllm["args"])
     port = re.search(r"--port=(\d+)", args).group(1)  # type: ignore[union-attr]
@@ -128,11 +126,11 @@ def test_the_monitor_and_the_service_reach_the_metrics_port() -> None:
     labels = pod["metadata"]["labels"]
     listen_port = int(_agent_config().exporter(PROMETHEUS).listen.rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for c in _containers().values() for p in c.get("ports", [])}
-    assert ports["metrics"] == listen_port
+    assert ports["kvscope-metrics"] == listen_port
     monitor = _load("podmonitor.yaml")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= labels.items()
     (endpoint,) = monitor["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "kvscope-metrics" and endpoint["path"] == "/metrics"
     service = _load("service.yaml")["spec"]
     assert service["selector"].items() <= labels.items()
     assert {p["targetPort"] for p in service["ports"]} <= set(ports)
