@@ -13,7 +13,7 @@ What runs, all on 127.0.0.1:
 - Prometheus with deploy/prometheus/prometheus.yml, changed only where a test must: loopback targets, 1 s
   scrape and evaluation intervals, and a copy of dashboards/rules whose alerts hold for 1 s instead of
   minutes (promtool's unit tests check the real `for`) and whose site file gives G4 the read bandwidth of
-  this laptop-scale pipeline (100 kB/s) instead of the seeds' 315 GB/s;
+  this laptop-scale pipeline (100 kB/s; the shipped site file sets none);
 - Alertmanager with deploy/alertmanager/alertmanager.yml.
 
 The queries run while the load runs: gauges the correlation engine exports per window (path signals,
@@ -28,14 +28,9 @@ import dataclasses
 import json
 import math
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -54,77 +49,16 @@ from kvscope.collectors.gpu.nvml import NvmlCollector
 from kvscope.collectors.host.inputs import block_device_of
 from kvscope.dashboards.build import DASHBOARDS
 from testkit.environment import require_tool
+from testkit.http import free_port
 from testkit.nvml_replay import NvmlReplay
 from testkit.paths import FIXTURES, ROOT
+from testkit.prometheus import Prometheus, get, process, wait
 from testkit.promql_names import substitute
 
 RULES = ROOT / "dashboards" / "rules"
 PATH_SIGNALS = ("kvscope_tier_path_utilisation_ratio", "kvscope_tier_path_non_kv_share_ratio",
                 "kvscope_tier_fetch_bandwidth_drop_ratio", "kvscope_tier_noisy_neighbour", "kvscope_tier_saturated")
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str, timeout: float = 5.0) -> Any:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
-def _wait(what: str, check: Any, deadline: float, interval: float = 0.5) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-@contextmanager
-def _process(args: list[str], log: Path, ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"{args[0]} exited: {log.read_text()[-2000:]}")
-            try:
-                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(ready_url, timeout=1).close()
-                return True
-            except OSError:
-                return False
-
-        _wait(f"{args[0]} at {ready_url}", ready, 30, 0.05)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class Prometheus:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        answer = _get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-        assert answer["status"] == "success", (expr, answer)
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
-
-    def alerts(self, state: str = "firing") -> set[str]:
-        answer = _get(f"{self.url}/api/v1/alerts")
-        return {a["labels"]["alertname"] for a in answer["data"]["alerts"] if a["state"] == state}
 
 
 def _problem(result: list[dict[str, Any]]) -> str | None:
@@ -197,14 +131,14 @@ def _pod_agent(engine: Engine, server: ReferenceServer, device: str | None) -> A
 
 
 def _otlp_port(agent: Agent) -> int:
-    _wait("the OTLP receiver", lambda: (agent.store.value("kvscope_collector_runs_total", ("otlp_traces",)) or 0) >= 1,
+    wait("the OTLP receiver", lambda: (agent.store.value("kvscope_collector_runs_total", ("otlp_traces",)) or 0) >= 1,
           10, 0.01)
     return int(agent.collectors["otlp_traces"].address[1])  # type: ignore[attr-defined]
 
 
 def _rules(tmp: Path) -> Path:
-    """dashboards/rules as shipped, except: alerts hold for 1 s, and G4's configured read bandwidth is this
-    pipeline's scale."""
+    """dashboards/rules as shipped, except: alerts hold for 1 s, and the site file (shipped empty) gives G4
+    this pipeline's read bandwidth."""
     out = tmp / "rules"
     out.mkdir()
     for path in RULES.glob("*.yml"):
@@ -213,8 +147,9 @@ def _rules(tmp: Path) -> Path:
             for rule in group["rules"]:
                 if "for" in rule:
                     rule["for"] = "1s"
-                if rule.get("record") == "kvscope:tier_fetch_capacity_bytes_per_second":
-                    rule["expr"] = "vector(1e5)"
+            if group["name"] == "kvscope.site":
+                group["rules"] = [{"record": "kvscope:tier_fetch_capacity_bytes_per_second", "expr": "vector(1e5)",
+                                   "labels": {"tier": "G4"}}]
         (out / path.name).write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 
@@ -274,22 +209,22 @@ def test_every_panel_and_rule_has_data_and_alerts_fire(tmp_path: Path) -> None:
         assert pod.server is not None and hardware.server is not None
         targets = [f"127.0.0.1:{pod.server.port}", f"127.0.0.1:{hardware.server.port}"]
 
-        am_port, prom_port = _free_port(), _free_port()
+        am_port, prom_port = free_port(), free_port()
         am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
-        stack.enter_context(_process(
+        stack.enter_context(process(
             [alertmanager_bin, f"--config.file={ROOT / 'deploy/alertmanager/alertmanager.yml'}",
              f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
              "--cluster.listen-address="], tmp_path / "alertmanager.log", f"{am_url}/-/ready"))
         config = _prometheus_config(tmp_path, prom_port, f"127.0.0.1:{am_port}", targets)
-        stack.enter_context(_process(
+        stack.enter_context(process(
             [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log", f"{prom_url}/-/ready"))
         prom = Prometheus(prom_url)
-        _wait("both agents scraped", lambda: len(prom.query('up{job="kvscope"} == 1')) == 2, 30)
+        wait("both agents scraped", lambda: len(prom.query('up{job="kvscope"} == 1')) == 2, 30)
         quiet = prom.alerts("firing") | prom.alerts("pending")
         assert not quiet & {"KVScopeSharedTierNearCapacity", "KVScopeEngineDown"}, quiet
 
-        load = stack.enter_context(_process(
+        load = stack.enter_context(process(
             [sys.executable, str(ROOT / "deploy/compose/load.py"), f"--url={server.url}", "--prompts=8",
              "--prompt-tokens=2048", "--concurrency=2", "--requests=0"], tmp_path / "load.log", f"{server.url}/health"))
         rules, panels = _recording_rules(), _panel_queries()
@@ -310,21 +245,21 @@ def test_every_panel_and_rule_has_data_and_alerts_fire(tmp_path: Path) -> None:
 
         # the first windows fill in over the first seconds of load (cost model fit, per-request records)
         try:
-            _wait("every panel query and recording rule", lambda: not problems(), 90, 1.0)
+            wait("every panel query and recording rule", lambda: not problems(), 90, 1.0)
         except AssertionError:
             raise AssertionError("\n".join(f"{k}: {v}" for k, v in problems().items())) from None
         ready_after = time.monotonic() - started
 
-        _wait("KVScopeSharedTierNearCapacity firing", lambda: "KVScopeSharedTierNearCapacity" in prom.alerts(), 30)
+        wait("KVScopeSharedTierNearCapacity firing", lambda: "KVScopeSharedTierNearCapacity" in prom.alerts(), 30)
         load.terminate()
         server.stop()
         server_up = False
-        _wait("KVScopeEngineDown firing", lambda: "KVScopeEngineDown" in prom.alerts(), 30)
+        wait("KVScopeEngineDown firing", lambda: "KVScopeEngineDown" in prom.alerts(), 30)
 
         def received() -> set[str]:
-            return {a["labels"]["alertname"] for a in _get(f"{am_url}/api/v2/alerts")}
+            return {a["labels"]["alertname"] for a in get(f"{am_url}/api/v2/alerts")}
 
-        _wait("both alerts in Alertmanager",
+        wait("both alerts in Alertmanager",
               lambda: {"KVScopeSharedTierNearCapacity", "KVScopeEngineDown"} <= received(), 30)
     print(f"\nrecording rules ready after {ready_after:.1f} s; whole run {time.monotonic() - started:.1f} s; "
           f"{len(panels)} panel queries, {len(rules)} recording rules; G4 path on {device}")

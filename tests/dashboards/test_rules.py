@@ -1,9 +1,11 @@
 """The recording and alert rules: promtool accepts them (lint included), their promtool unit tests pass,
-every alert is written for an operator and tested both ways, and every name they use exists.
+every alert is written for an operator, tested both ways and has a runbook, every name they use exists, and
+the site file ships no facts about anyone's storage.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,11 +20,21 @@ from testkit.promql_names import Checker, catalogue_labels, rules_by_name
 
 RULES = ROOT / "dashboards" / "rules"
 RULE_FILES = sorted(RULES.glob("*.yml"))
+SITE_EXAMPLE = RULES / "examples" / "kvscope-site.rules.yml"
 TESTS = sorted((RULES / "tests").glob("*.test.yml"))
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+CAPACITY = "kvscope:tier_fetch_capacity_bytes_per_second"
 
 
-def _groups() -> list[dict[str, Any]]:
-    return [g for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]]
+def _groups(paths: list[Path] = RULE_FILES) -> list[dict[str, Any]]:
+    return [g for path in paths for g in yaml.safe_load(path.read_text())["groups"]]
+
+
+def _checker() -> Checker:
+    """The catalogue's labels plus `cluster`, which a multi-cluster setup (external labels, Thanos, Mimir)
+    puts on every series; the site example's rule defines the capacity the shipped site file leaves out."""
+    metrics = {name: labels | {"cluster"} for name, labels in catalogue_labels(build_catalogue()).items()}
+    return Checker(metrics, rules_by_name(_groups([*RULE_FILES, SITE_EXAMPLE])))
 
 
 def _alerts() -> list[dict[str, Any]]:
@@ -31,7 +43,8 @@ def _alerts() -> list[dict[str, Any]]:
 
 def test_promtool_checks_the_rule_files_with_lint() -> None:
     promtool = require_tool("promtool")
-    proc = subprocess.run([promtool, "check", "rules", "--lint=all", "--lint-fatal", *map(str, RULE_FILES)],
+    proc = subprocess.run([promtool, "check", "rules", "--lint=all", "--lint-fatal", *map(str, RULE_FILES),
+                           str(SITE_EXAMPLE)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -63,6 +76,32 @@ def test_every_alert_has_for_severity_summary_and_where_to_look() -> None:
         assert notes.get("summary"), f"{name}: no summary"
         description = notes.get("description", "")
         assert "Look at" in description, f"{name}: the description must say where to look"
+        assert notes.get("runbook_url") == f"docs/runbooks.md#{name.lower()}", f"{name}: no runbook_url"
+
+
+def _runbook_sections() -> dict[str, str]:
+    """docs/runbooks.md's `## <alert>` sections by GitHub's anchor for the heading (lower case)."""
+    parts = re.split(r"^## (\S+)\n", RUNBOOKS.read_text(), flags=re.MULTILINE)
+    return {title.lower(): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_every_runbook_url_leads_to_a_runbook_that_says_what_it_means_how_to_confirm_and_what_to_do() -> None:
+    sections = _runbook_sections()
+    for rule in _alerts():
+        anchor = rule["annotations"]["runbook_url"].partition("#")[2]
+        assert anchor in sections, f"{rule['alert']}: no section `## {rule['alert']}` in docs/runbooks.md"
+        for part in ("**What it means**", "**Confirm it**", "**What to do**"):
+            assert part in sections[anchor], f"{rule['alert']}: its runbook has no {part}"
+    assert set(sections) == {r["alert"].lower() for r in _alerts()}, "runbooks for alerts that do not exist"
+
+
+def test_the_site_file_ships_no_capacity_and_the_example_gives_the_seeds_g4() -> None:
+    shipped = [r for g in _groups([RULES / "kvscope-site.rules.yml"]) for r in g["rules"]]
+    assert shipped == [], "kvscope-site.rules.yml is the operator's: it ships no bandwidth"
+    (example,) = (r for g in _groups([SITE_EXAMPLE]) for r in g["rules"])
+    assert example == {"record": CAPACITY, "expr": "vector(315e9)", "labels": {"tier": "G4"}}
+    users = [r.get("record") or r["alert"] for r in (r for g in _groups() for r in g["rules"]) if CAPACITY in r["expr"]]
+    assert users == ["tier:kvscope_kv_fetch_utilisation:ratio_rate5m"], "the capacity is read by one rule only"
 
 
 def test_every_alert_is_tested_firing_and_silent() -> None:
@@ -78,7 +117,7 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
 
 
 def test_every_metric_and_label_in_the_rules_exists() -> None:
-    checker = Checker(catalogue_labels(build_catalogue()), rules_by_name(_groups()))
+    checker = _checker()
     problems = []
     for group in _groups():
         for rule in group["rules"]:
@@ -88,7 +127,7 @@ def test_every_metric_and_label_in_the_rules_exists() -> None:
 
 
 def test_the_checker_catches_an_unknown_metric_and_a_wrong_label() -> None:
-    checker = Checker(catalogue_labels(build_catalogue()), rules_by_name(_groups()))
+    checker = _checker()
     assert checker.check("rate(kvscope_kv_hit_tokens_total[5m])") == []
     assert checker.check('rate(kvscope_kv_hit_tokenz_total{tier="G1"}[5m])') != []
     assert checker.check('rate(kvscope_kv_lookup_tokens_total{tier="G1"}[5m])') != []  # lookups have no tier
