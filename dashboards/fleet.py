@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from kvscope.dashboards.panels import Query, bargauge_panel, build_dashboard, stat_panel, timeseries_panel
+from kvscope.dashboards.panels import SCOPE, Query, bargauge_panel, build_dashboard, stat_panel, timeseries_panel
+from kvscope.dashboards.thresholds import above
 
 UID = "kvscope-fleet"
-MODEL = 'model=~"$model"'
-SHARED = 'tier=~"$tier"'
+MODEL = f'{SCOPE}, model=~"$model"'
+# the tier:... rules sum a shared tier over every pod of a cluster, whatever their namespace
+SHARED = 'cluster=~"$cluster", tier=~"$tier"'
 
 
 def build() -> Dashboard:
@@ -17,14 +19,16 @@ def build() -> Dashboard:
             "Bytes per second every pod together fetches from the tier (recording rule "
             "tier:kvscope_kv_fetch_bytes:rate5m, the sum of each pod's onboard transfers out of it), against "
             "the read bandwidth the tier can serve, dashed (kvscope:tier_fetch_capacity_bytes_per_second, "
-            "configured in kvscope-site.rules.yml; the seeds' G4 was estimated at 315 GB/s)."), "Bps",
+            "yours to set in kvscope-site.rules.yml; no line until you do)."), "Bps",
             [Query(f"tier:kvscope_kv_fetch_bytes:rate5m{{{SHARED}}}", "{{tier}} fetched by all pods"),
-             Query(f"kvscope:tier_fetch_capacity_bytes_per_second{{{SHARED}}}", "{{tier}} capacity")],
+             Query('kvscope:tier_fetch_capacity_bytes_per_second{tier=~"$tier"}', "{{tier}} capacity")],
             dashed=[1], span=12),
         stat_panel("Shared tier load", (
             "The fleet's fetch traffic from the tier over its configured read bandwidth (recording rule "
-            "tier:kvscope_kv_fetch_utilisation:ratio_rate5m). KVScopeSharedTierNearCapacity fires above 80 %."),
-            "percentunit", [Query(f"tier:kvscope_kv_fetch_utilisation:ratio_rate5m{{{SHARED}}}", "{{tier}}")]),
+            "tier:kvscope_kv_fetch_utilisation:ratio_rate5m; empty until kvscope-site.rules.yml gives the "
+            "tier's bandwidth). Red where KVScopeSharedTierNearCapacity fires."),
+            "percentunit", [Query(f"tier:kvscope_kv_fetch_utilisation:ratio_rate5m{{{SHARED}}}", "{{tier}}")],
+            look=above("KVScopeSharedTierNearCapacity")),
         stat_panel("Pods fetching from it", (
             "Pods that fetched KV blocks from the tier in the last 5 minutes (recording rule "
             "tier:kvscope_kv_fetch_pods:count5m)."), "suffix: pods",
@@ -45,9 +49,10 @@ def build() -> Dashboard:
              Query(f'model:kvscope_ttft_seconds:quantile_rate5m{{{MODEL}, quantile="0.99"}}', "{{model}} p99")]),
         timeseries_panel("Served share by model and tier", (
             "Of all prompt tokens a model's pods looked up, the share each tier served (recording rule "
-            "model:kvscope_kv_served_share:ratio_rate5m)."), "percentunit",
-            [Query(f"model:kvscope_kv_served_share:ratio_rate5m{{{MODEL}, {SHARED}}}", "{{model}} {{tier}}")],
-            stack=True, percent_max=True),
+            "model:kvscope_kv_served_share:ratio_rate5m). One line per model and tier, not stacked: the "
+            "shares of one model add up to at most 100 %, those of several models do not."), "percentunit",
+            [Query(f'model:kvscope_kv_served_share:ratio_rate5m{{{MODEL}, tier=~"$tier"}}', "{{model}} {{tier}}")],
+            percent_max=True),
         timeseries_panel("Prefill seconds saved per second, by model", (
             "Recompute time the cache avoided per second of wall time, over all pods of each model "
             "(recording rule model:kvscope_prefill_saved_seconds:rate5m)."), "suffix: s/s",
@@ -59,26 +64,29 @@ def build() -> Dashboard:
             "pods, the ten largest. A pod far above the others shares the tier but not its fate: look at its "
             "node's NIC, RDMA port or FS client in Hardware path."), "percentunit",
             [Query(f"topk(10, kvscope:ttft_fetch_share:ratio_rate5m{{{MODEL}}}"
-                   " - on(model) group_left() model:kvscope_ttft_fetch_share:ratio_rate5m)",
+                   " - on(cluster, namespace, model) group_left() model:kvscope_ttft_fetch_share:ratio_rate5m)",
                    "{{instance}}", instant=True)], span=8),
         bargauge_panel("Pods whose TTFT p95 is furthest above their model's", (
             "Each pod's TTFT p95 (kvscope:ttft_seconds:quantile_rate5m) over its model's p95 across all pods, "
             "the ten largest: 2× means that pod's slow requests take twice the fleet's."), "suffix:×",
             [Query(f'topk(10, kvscope:ttft_seconds:quantile_rate5m{{{MODEL}, quantile="0.95"}}'
-                   " / on(model, quantile) group_left() model:kvscope_ttft_seconds:quantile_rate5m)",
+                   " / on(cluster, namespace, model, quantile) group_left()"
+                   " model:kvscope_ttft_seconds:quantile_rate5m)",
                    "{{instance}}", instant=True)], span=8),
         bargauge_panel("Pods with the slowest fetch from the shared tier", (
             "The ten pods with the lowest achieved fetch bandwidth from the tier (recording rule "
             "kvscope:kv_fetch_bandwidth_bytes_per_second:rate5m)."), "Bps",
-            [Query(f"bottomk(10, kvscope:kv_fetch_bandwidth_bytes_per_second:rate5m{{{MODEL}, {SHARED}}})",
+            [Query(f'bottomk(10, kvscope:kv_fetch_bandwidth_bytes_per_second:rate5m{{{MODEL}, tier=~"$tier"}})',
                    "{{instance}} {{tier}}", instant=True)], span=8),
         timeseries_panel("Pods whose storage path has a noisy neighbour or is saturated", (
             "How many pods' correlation engines currently flag the tier's path: near its peak with fetch "
             "bandwidth and KV share down (noisy neighbour, kvscope_tier_noisy_neighbour), or at its peak "
             "while the fetch share grows (kvscope_tier_saturated). Many pods at once point at the shared "
             "tier or the fabric, one pod at its node."), "suffix: pods",
-            [Query(f"sum by (tier) (kvscope_tier_noisy_neighbour{{{SHARED}}})", "{{tier}} noisy neighbour"),
-             Query(f"sum by (tier) (kvscope_tier_saturated{{{SHARED}}})", "{{tier}} saturated")], span=24),
+            [Query(f'sum by (tier) (kvscope_tier_noisy_neighbour{{{SCOPE}, tier=~"$tier"}})',
+                   "{{tier}} noisy neighbour"),
+             Query(f'sum by (tier) (kvscope_tier_saturated{{{SCOPE}, tier=~"$tier"}})', "{{tier}} saturated")],
+            span=24),
     ]
     return build_dashboard(
         "kvscope / Fleet and shared tier", UID,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kvscope.dashboards.panels import HOST, TIER, Query, build_dashboard, timeseries_panel
+from kvscope.dashboards.thresholds import RAISED, above
 
 UID = "kvscope-hardware"
 
@@ -72,15 +73,19 @@ def build() -> Dashboard:
         timeseries_panel("GPU idle while requests wait on KV fetch", (
             "Share of wall time each GPU ran no kernel while at least one request was fetching KV blocks and "
             "none was computing (recording rule kvscope:gpu_fetch_stall:ratio_rate5m; the correlation engine "
-            "intersects NVML idle samples with the requests' fetch intervals)."), "percentunit",
-            [Query(f"kvscope:gpu_fetch_stall:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], span=8),
+            "intersects NVML idle samples with the requests' fetch intervals). Dashed: where "
+            "KVScopeGpuStalledOnFetch fires."), "percentunit",
+            [Query(f"kvscope:gpu_fetch_stall:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], span=8,
+            look=above("KVScopeGpuStalledOnFetch")),
     ]
     contention = [
         timeseries_panel("Tier path utilisation", (
             "Traffic on the devices each tier's blocks travel (the disk, NIC, RDMA or FS series configured in "
             "analyses.correlation.paths) over that path's peak, observed or configured "
-            "(kvscope_tier_path_utilisation_ratio, correlation engine)."), "percentunit",
-            [Query(f"kvscope_tier_path_utilisation_ratio{{{HOST}, {TIER}}}", "{{tier}} {{instance}}")]),
+            "(kvscope_tier_path_utilisation_ratio, correlation engine). Dashed: where "
+            "KVScopeStoragePathSaturated fires (on its 10-minute average)."), "percentunit",
+            [Query(f"kvscope_tier_path_utilisation_ratio{{{HOST}, {TIER}}}", "{{tier}} {{instance}}")],
+            look=above("KVScopeStoragePathSaturated")),
         timeseries_panel("Non-KV share of the path and fetch bandwidth drop", (
             "Share of a tier path's traffic that is not KV moving to or from the tier "
             "(kvscope_tier_path_non_kv_share_ratio), and how far the tier's fetch bandwidth fell below its "
@@ -96,7 +101,7 @@ def build() -> Dashboard:
             [Query(f"max by (instance, tier) (kvscope_tier_noisy_neighbour{{{HOST}, {TIER}}})",
                    "{{tier}} noisy neighbour {{instance}}"),
              Query(f"max by (instance, tier) (kvscope_tier_saturated{{{HOST}, {TIER}}})",
-                   "{{tier}} saturated {{instance}}")], span=24),
+                   "{{tier}} saturated {{instance}}")], span=24, look=RAISED),
     ]
     return build_dashboard(
         "kvscope / Hardware path", UID,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kvscope.dashboards.panels import ENGINE, HOST, Query, build_dashboard, stat_panel, timeseries_panel
+from kvscope.dashboards.thresholds import UP
 
 UID = "kvscope-agent"
 
@@ -16,11 +17,12 @@ def _rate(metric: str, by: str, selector: str = HOST) -> str:
 def build() -> Dashboard:
     jobs = [
         stat_panel("Collectors and analyses up", (
-            "Yes while the collector's or analysis's last run succeeded or found no hardware to read, No "
+            "Up while the collector's or analysis's last run succeeded or found no hardware to read, Down "
             "when it raised or hung (kvscope_collector_up, kvscope_analysis_up; the lowest over the selected "
             "pods)."), "bool_yes_no",
             [Query(f"min by (collector) (kvscope_collector_up{{{HOST}}})", "{{collector}}"),
-             Query(f"min by (analysis) (kvscope_analysis_up{{{HOST}}})", "{{analysis}}")], span=24, height=4),
+             Query(f"min by (analysis) (kvscope_analysis_up{{{HOST}}})", "{{analysis}}")], span=24, height=4,
+            look=UP),
         timeseries_panel("Run duration", (
             "Wall time of each collector's and analysis's last run, the slowest over the selected pods "
             "(kvscope_collector_duration_seconds, kvscope_analysis_duration_seconds). A run near its timeout "
@@ -57,9 +59,10 @@ def build() -> Dashboard:
     ]
     targets = [
         stat_panel("Engine endpoints answering", (
-            "Yes while kvscope's last scrape of the engine's /metrics succeeded (kvscope_scrape_target_up, "
+            "Up while kvscope's last scrape of the engine's /metrics succeeded (kvscope_scrape_target_up, "
             "one per scraped URL)."), "bool_yes_no",
-            [Query(f"min by (target) (kvscope_scrape_target_up{{{HOST}}})", "{{target}}")], span=8, height=8),
+            [Query(f"min by (target) (kvscope_scrape_target_up{{{HOST}}})", "{{target}}")], span=8, height=8,
+            look=UP),
         timeseries_panel("Engine scrape errors by kind", (
             "Failed scrapes of the engine per second by kind: connect, timeout, http_status, too_large, "
             "truncated, protocol, duplicate_series (kvscope_scrape_errors_total)."), "cps",
@@ -67,7 +70,7 @@ def build() -> Dashboard:
         timeseries_panel("Prometheus scraping kvscope", (
             "1 while Prometheus' last scrape of the agent's /metrics succeeded (Prometheus' own `up` series "
             "of the kvscope job)."), "bool_yes_no",
-            [Query(f'up{{{HOST}, job=~".*kvscope.*"}}', "{{instance}}")], span=8),
+            [Query(f'up{{{HOST}, job=~".*kvscope.*"}}', "{{instance}}")], span=8, look=UP),
     ]
     cost = [
         timeseries_panel("Agent CPU", (

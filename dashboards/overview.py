@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from kvscope.dashboards.panels import ENGINE, TIER, Query, bargauge_panel, build_dashboard, stat_panel, timeseries_panel
+from kvscope.dashboards.panels import (
+    ENGINE,
+    TIER,
+    Query,
+    bargauge_panel,
+    build_dashboard,
+    stat_panel,
+    tier_total,
+    timeseries_panel,
+)
 
 UID = "kvscope-tiers"
 
@@ -53,17 +62,26 @@ def build() -> Dashboard:
     ]
     hit_rates = [
         timeseries_panel("Served share per tier", (
-            "Of all prompt tokens looked up, the share each tier served (recording rule "
-            "kvscope:kv_served_share:ratio_rate5m: hit tokens at the tier / lookup tokens, 5-minute rates). "
-            "Stacked, the tiers add up to the share served from cache; the rest was recomputed. "
-            "'unattributed' are hits the engine did not place in a tier."), "percentunit",
-            [Query(f"kvscope:kv_served_share:ratio_rate5m{{{ENGINE}, {TIER}}}", "{{tier}} {{instance}}")],
+            "Of all prompt tokens the selected pods looked up, the share each tier served: hit tokens at the "
+            "tier summed over the pods and data-parallel ranks, over lookup tokens summed the same way "
+            "(recording rules kvscope:kv_hit_tokens:rate5m and kvscope:kv_lookup_tokens:rate5m, 5-minute rates). "
+            "Stacked, the tiers add up to the share served from cache, at most 100 %; the rest was recomputed. "
+            "'unattributed' are hits the engine did not place in a tier. One pod's shares: pick it in Pod / "
+            "instance (recording rule kvscope:kv_served_share:ratio_rate5m has them per pod)."), "percentunit",
+            [Query(f"sum by (tier) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}, {TIER}}})"
+                   f" / ignoring(tier) group_left() (sum(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)",
+                   "{{tier}}")],
             stack=True, percent_max=True),
         timeseries_panel("Conditional hit rate per tier", (
-            "Of the prompt tokens that missed every faster tier and so reached this one, the share it served "
-            "(recording rule kvscope:kv_conditional_hit_ratio:rate5m). A tier whose line falls while tokens "
-            "still reach it is being evicted, shrunk or bypassed."), "percentunit",
-            [Query(f"kvscope:kv_conditional_hit_ratio:rate5m{{{ENGINE}, {TIER}}}", "{{tier}} {{instance}}")],
+            "Of the prompt tokens that missed every faster tier and so reached this one, the share it served, "
+            "over the selected pods: hit tokens at the tier over the tokens that reached it, each summed over "
+            "the pods and data-parallel ranks (recording rules kvscope:kv_hit_tokens:rate5m and "
+            "kvscope:kv_tokens_reaching_tier:rate5m; per pod, kvscope:kv_conditional_hit_ratio:rate5m). A tier "
+            "whose line falls while tokens still reach it is being evicted, shrunk or bypassed: "
+            "KVScopeTierHitRateCollapsed fires when it falls below half its one-day average."), "percentunit",
+            [Query(f'sum by (tier) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}, {TIER}, tier=~"G1|G2|G3|G4"}})'
+                   f" / (sum by (tier) (kvscope:kv_tokens_reaching_tier:rate5m{{{ENGINE}, {TIER}}}) > 0)",
+                   "{{tier}}")],
             percent_max=True),
     ]
     links = [
@@ -102,16 +120,19 @@ def build() -> Dashboard:
             [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}")], span=8),
         timeseries_panel("Used bytes and capacity per tier", (
             "KV bytes resident in each tier (kvscope_tier_used_bytes: resident blocks from the KV events × "
-            "tokens per block × the configured kv_bytes_per_token) against the tier's capacity as the engine's "
-            "configuration gives it (kvscope_tier_capacity_bytes, dashed), summed over the selected pods."),
+            "tokens per block × the configured kv_bytes_per_token), summed over the selected pods, against the "
+            "tier's capacity as the engine's configuration gives it (kvscope_tier_capacity_bytes, dashed). The "
+            "pods' own tiers (G1–G3) add up; a G4 they share is counted once per cluster (the largest capacity "
+            "a pod reports), and its used bytes are what each pod stored, summed."),
             "bytes",
             [Query(f"sum by (tier) (kvscope_tier_used_bytes{{{ENGINE}, {TIER}}})", "{{tier}} used"),
-             Query(f"sum by (tier) (kvscope_tier_capacity_bytes{{{ENGINE}, {TIER}}})", "{{tier}} capacity")],
+             Query(tier_total("kvscope_tier_capacity_bytes", f"{ENGINE}, {TIER}"), "{{tier}} capacity")],
             dashed=[1], span=8),
         bargauge_panel("Capacity per tier (tokens)", (
-            "KV capacity of each tier in tokens as the engine reports it (kvscope_tier_capacity_tokens), "
-            "summed over the selected pods."), "suffix: tokens",
-            [Query(f"sum by (tier) (kvscope_tier_capacity_tokens{{{ENGINE}, {TIER}}})", "{{tier}}", instant=True)],
+            "KV capacity of each tier in tokens as the engine reports it (kvscope_tier_capacity_tokens): the "
+            "selected pods' own tiers (G1–G3) summed, a G4 they share counted once per cluster."),
+            "suffix: tokens",
+            [Query(tier_total("kvscope_tier_capacity_tokens", f"{ENGINE}, {TIER}"), "{{tier}}", instant=True)],
             span=8),
     ]
     what_if = [

@@ -1,26 +1,35 @@
 """The few shapes every kvscope dashboard is made of, on Grafana's Foundation SDK.
 
 Every panel here requires a title, a description (what the number means and where it comes from) and a
-unit, so no dashboard can ship a panel without them. Queries go to the dashboard's `datasource`
-variable; the filters below put the template variables into every selector.
+unit, so no dashboard can ship a panel without them, and gets explicit thresholds (dashboards/thresholds.py).
+Queries go to the dashboard's `datasource` variable; the filters below put the template variables into
+every selector.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import bargauge, common, dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
+from kvscope.dashboards.thresholds import NEUTRAL, Look
+
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
-# selector filters with the template variables (instance is the agent's pod; engine, model, tier as exported)
-HOST = 'instance=~"$instance"'
-ENGINE = 'instance=~"$instance", engine=~"$engine", model=~"$model"'
+# selector filters with the template variables: cluster (an external or relabelled label, where there are
+# several) and namespace (the PodMonitor's) narrow every query; instance is the agent's pod; engine, model
+# and tier as exported
+SCOPE = 'cluster=~"$cluster", namespace=~"$namespace"'
+HOST = f'{SCOPE}, instance=~"$instance"'
+ENGINE = f'{HOST}, engine=~"$engine", model=~"$model"'
 TIER = 'tier=~"$tier"'
+# tiers every pod of a cluster shares: each pod reports all of one, so it is counted once per cluster
+SHARED_TIERS = "G4"
 
 PanelBuilder = Builder[dm.Panel]
 
@@ -47,12 +56,32 @@ def _check(title: str, description: str, unit: str, queries: Sequence[Query]) ->
         raise ValueError(f"panel {title!r}: a description, a unit and at least one query are required")
 
 
+P = TypeVar("P", timeseries.Panel, stat.Panel, bargauge.Panel)
+
+
+def _look(panel: P, look: Look) -> P:
+    steps = [dm.Threshold(value=None, color=look.base)] + [dm.Threshold(value=v, color=c) for v, c in look.steps]
+    panel = panel.thresholds(dashboard.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
+    if look.mappings:
+        panel = panel.mappings([dm.ValueMap({str(value): dm.ValueMappingResult(text=text, color=color, index=i)
+                                             for i, (value, text, color) in enumerate(look.mappings)})])
+    return panel
+
+
+def tier_total(metric: str, selector: str) -> str:
+    """A gauge per tier over the selected pods: the pods' own tiers summed, a tier they share counted once
+    per cluster (the largest any of its pods reports), not once per pod."""
+    return (f'sum by (tier) ({metric}{{{selector}, tier!~"{SHARED_TIERS}"}})'
+            f' or sum by (tier) (max by (cluster, tier) ({metric}{{{selector}, tier=~"{SHARED_TIERS}"}}))')
+
+
 def timeseries_panel(title: str, description: str, unit: str, queries: Sequence[Query], *, span: int = 12,
                      height: int = 8, stack: bool = False, percent_max: bool = False,
                      negative: Sequence[int] = (), dashed: Sequence[int] = (), log_scale: bool = False,
-                     right_axis: dict[int, str] | None = None) -> timeseries.Panel:
+                     right_axis: dict[int, str] | None = None, look: Look = NEUTRAL) -> timeseries.Panel:
     """A time series. `negative`: indexes of queries drawn below zero (the other direction of a flow);
-    `dashed`: indexes drawn as dashed lines (limits, thresholds); `right_axis`: index -> unit on the right."""
+    `dashed`: indexes drawn as dashed lines (limits, thresholds); `right_axis`: index -> unit on the right;
+    `look`: thresholds (drawn as a dashed line when they come from an alert) and value mappings."""
     _check(title, description, unit, queries)
     panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
              .span(span).height(height).line_width(1).fill_opacity(10 if not stack else 60)
@@ -64,6 +93,9 @@ def timeseries_panel(title: str, description: str, unit: str, queries: Sequence[
         panel = panel.min(0).max(1)
     if log_scale:
         panel = panel.scale_distribution(common.ScaleDistributionConfig().type(cm.ScaleDistribution.LOG).log(10))
+    panel = _look(panel, look)
+    if look.alert:
+        panel = panel.thresholds_style(common.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
     _targets(panel, queries)
     for i in negative:
         panel = panel.override_by_query(chr(ord("A") + i), [
@@ -80,11 +112,11 @@ def timeseries_panel(title: str, description: str, unit: str, queries: Sequence[
 
 
 def stat_panel(title: str, description: str, unit: str, queries: Sequence[Query], *, span: int = 6,
-               height: int = 5, decimals: int | None = None) -> stat.Panel:
+               height: int = 5, decimals: int | None = None, look: Look = NEUTRAL) -> stat.Panel:
     _check(title, description, unit, queries)
-    panel = (stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
-             .span(span).height(height).graph_mode(cm.BigValueGraphMode.AREA)
-             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    panel = _look(stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+                  .span(span).height(height).graph_mode(cm.BigValueGraphMode.AREA)
+                  .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False)), look)
     if decimals is not None:
         panel = panel.decimals(decimals)
     _targets(panel, queries)
@@ -94,10 +126,10 @@ def stat_panel(title: str, description: str, unit: str, queries: Sequence[Query]
 def bargauge_panel(title: str, description: str, unit: str, queries: Sequence[Query], *, span: int = 12,
                    height: int = 8) -> bargauge.Panel:
     _check(title, description, unit, queries)
-    panel = (bargauge.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
-             .span(span).height(height).orientation(cm.VizOrientation.HORIZONTAL)
-             .display_mode(cm.BarGaugeDisplayMode.GRADIENT).min(0)
-             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    panel = _look(bargauge.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+                  .span(span).height(height).orientation(cm.VizOrientation.HORIZONTAL)
+                  .display_mode(cm.BarGaugeDisplayMode.GRADIENT).min(0)
+                  .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False)), NEUTRAL)
     _targets(panel, queries)
     return panel
 
@@ -106,7 +138,9 @@ def variables(*names: str) -> list[Builder[dm.VariableModel]]:
     """The datasource variable, then the named label variables, each narrowed by the ones before it."""
     out: list[Builder[dm.VariableModel]] = [
         dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus")]
-    sources = {"instance": ("Pod / instance", "kvscope_build_info"),
+    sources = {"cluster": ("Cluster", "kvscope_build_info"),
+               "namespace": ("Namespace", "kvscope_build_info"),
+               "instance": ("Pod / instance", "kvscope_build_info"),
                "engine": ("Engine", "kvscope_kv_lookup_tokens_total"),
                "model": ("Model", "kvscope_kv_lookup_tokens_total"),
                "tier": ("Tier", "kvscope_kv_hit_tokens_total")}
@@ -129,9 +163,10 @@ Row = tuple[str, Sequence[PanelBuilder]]
 
 def build_dashboard(title: str, uid: str, description: str, variable_names: Sequence[str],
                     rows: Sequence[Row]) -> dm.Dashboard:
+    """The dashboard with the cluster and namespace variables, then `variable_names`, then the rows."""
     board = (dashboard.Dashboard(title).uid(uid).description(description).tags(["kvscope"])
              .time("now-1h", "now").refresh("30s").timezone("browser").editable())
-    for variable in variables(*variable_names):
+    for variable in variables("cluster", "namespace", *variable_names):
         board = board.with_variable(variable)
     for row_title, panels in rows:
         board = board.with_row(dashboard.Row(row_title))
