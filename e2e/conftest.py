@@ -15,19 +15,22 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from testkit.live_vllm import SMALL_G1_BLOCKS
 
 HERE = Path(__file__).resolve().parent
 BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 2048
+KV_BYTES_PER_TOKEN = 512  # tiny_llama.py: 2 layers × 2 (K, V) × 2 KV heads × head dim 32 × 2 bytes (bf16)
+SIDECAR_CONFIG = HERE.parent / "deploy" / "kubernetes" / "configmap.yaml"
 
 
 _TAKEN: set[int] = set()
@@ -77,6 +80,12 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def sidecar_config() -> str:
+    """kvscope.toml as the inference pod mounts it (deploy/kubernetes/configmap.yaml)."""
+    text: str = yaml.safe_load(SIDECAR_CONFIG.read_text())["data"]["kvscope.toml"]
+    return text
+
+
 @dataclass(frozen=True)
 class Live:
     model: str
@@ -84,7 +93,7 @@ class Live:
     agent_url: str
     folder: Path
     block_tokens: int = BLOCK_TOKENS
-    kv_bytes_per_token: int = 512
+    kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
     restart: Callable[[], None] = lambda: None  # restarts the engine (launch sets it)
 
 
@@ -93,6 +102,15 @@ def venv() -> Path:
     path = Path(os.environ.get("KVSCOPE_E2E_VENV", HERE.parent / ".e2e" / "vllm"))
     if not (path / "bin" / "vllm").exists():
         pytest.fail(f"no vLLM venv at {path}: run `make e2e` (it runs e2e/setup_vllm.sh first)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def aiperf() -> Path:
+    """AIPerf's executable, from e2e/setup_aiperf.sh (Makefile: KVSCOPE_E2E_AIPERF_VENV)."""
+    path = Path(os.environ.get("KVSCOPE_E2E_AIPERF_VENV", HERE.parent / ".e2e" / "aiperf")) / "bin" / "aiperf"
+    if not path.exists():
+        pytest.fail(f"no AIPerf at {path}: run `make e2e` (it runs e2e/setup_aiperf.sh first)")
     return path
 
 
@@ -106,20 +124,22 @@ def model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
-           max_model_len: int = MAX_MODEL_LEN, reuse_sample_rate: float | None = None) -> Iterator[Live]:
+           max_model_len: int = MAX_MODEL_LEN, reuse_sample_rate: float | None = None,
+           engine_args: Sequence[str] = ()) -> Iterator[Live]:
     """vllm serve and kvscope run, each on free ports; `gpu_blocks` forces G1 small (blocks are evicted);
-    `reuse_sample_rate` overrides the KV-event collector's default (1/16) for the what-if analysis."""
+    `reuse_sample_rate` overrides the KV-event collector's default (1/16) for the what-if analysis;
+    `engine_args` go to `vllm serve` as they are (e.g. a KV connector)."""
     engine, events, replay, otlp, agent = (free_port() for _ in range(5))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}",
-                 "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}
+                 "replay_endpoint": f"tcp://*:{replay}"}  # as inference-pod.yaml
     engine_log = folder / "vllm.log"
     command = [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(engine),
                "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(max_model_len), "--enable-prefix-caching",
                "--kv-events-config", json.dumps(kv_events),
                "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces",
-               *(["--num-gpu-blocks-override", str(gpu_blocks)] if gpu_blocks else [])]
+               *(["--num-gpu-blocks-override", str(gpu_blocks)] if gpu_blocks else []), *engine_args]
     engines = [subprocess.Popen(command, env=env, stdout=engine_log.open("wb"), stderr=subprocess.STDOUT)]
 
     def restart() -> None:
@@ -128,28 +148,26 @@ def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
         engines.append(subprocess.Popen(command, env=env, stdout=engine_log.open("ab"), stderr=subprocess.STDOUT))
         wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[-1], engine_log, 300)
     config = folder / "kvscope.toml"
-    config.write_text(f"""[agent]
-interval = 1.0
-[exporters.prometheus]
-listen = "127.0.0.1:{agent}"
-[collectors.vllm]
-enabled = true
-urls = ["http://127.0.0.1:{engine}/metrics"]
-[collectors.vllm_kv_events]
-enabled = true
-endpoint = "tcp://127.0.0.1:{events}"
-replay_endpoint = "tcp://127.0.0.1:{replay}"
-model = "{model}"
-kv_bytes_per_token = 512
-{"" if reuse_sample_rate is None else f"reuse_sample_rate = {reuse_sample_rate!r}"}
-[collectors.otlp_traces]
-enabled = true
-listen = "127.0.0.1:{otlp}"
-model = "{model}"
-""")
+    config.write_text(sidecar_config())  # the pod's own, as deploy/ documents it
+    overrides = {  # what differs from the pod here, set as an operator would: KVSCOPE_* variables
+        "AGENT__PROC_ROOT": "/proc", "AGENT__SYS_ROOT": "/sys",  # no host mounts outside a pod
+        "EXPORTERS__PROMETHEUS__LISTEN": f"127.0.0.1:{agent}",
+        "COLLECTORS__VLLM__URLS": f"http://127.0.0.1:{engine}/metrics",
+        "COLLECTORS__VLLM_KV_EVENTS__ENDPOINT": f"tcp://127.0.0.1:{events}",
+        "COLLECTORS__VLLM_KV_EVENTS__REPLAY_ENDPOINT": f"tcp://127.0.0.1:{replay}",
+        "COLLECTORS__VLLM_KV_EVENTS__MODEL": str(model),
+        "COLLECTORS__VLLM_KV_EVENTS__KV_BYTES_PER_TOKEN": str(KV_BYTES_PER_TOKEN),
+        "COLLECTORS__OTLP_TRACES__LISTEN": f"127.0.0.1:{otlp}",
+        "COLLECTORS__OTLP_TRACES__MODEL": str(model),
+        "EXPORTERS__JSONL__ENABLED": "true", "EXPORTERS__JSONL__PATH": str(folder / "kvscope-requests.jsonl"),
+    }
+    if reuse_sample_rate is not None:
+        overrides["COLLECTORS__VLLM_KV_EVENTS__REUSE_SAMPLE_RATE"] = repr(reuse_sample_rate)
+    sidecar_env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    sidecar_env.update({f"KVSCOPE_{key}": value for key, value in overrides.items()})
     agent_log = folder / "kvscope.log"
     sidecar = subprocess.Popen([str(Path(sys.executable).parent / "kvscope"), "run", "--config", str(config)],
-                               stdout=agent_log.open("wb"), stderr=subprocess.STDOUT)
+                               env=sidecar_env, stdout=agent_log.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{agent}/metrics", sidecar, agent_log, 30)
         wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[0], engine_log, 300)
@@ -174,9 +192,10 @@ def small_live(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def launcher(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
-    """launch() for a test that starts engines of its own: launcher(name, gpu_blocks=..., ...)."""
-    def start(name: str, **kwargs: Any) -> Any:
-        return launch(venv, model, tmp_path_factory.mktemp(name), **kwargs)
+    """launch() for a test that starts engines of its own: launcher(name, gpu_blocks=..., ...), in a folder
+    of its own or in `folder` (where the engine's log, vllm.log, is then found)."""
+    def start(name: str, folder: Path | None = None, **kwargs: Any) -> Any:
+        return launch(venv, model, folder or tmp_path_factory.mktemp(name), **kwargs)
     return start

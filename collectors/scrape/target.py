@@ -28,6 +28,7 @@ class ScrapeTarget:
     malformed: int = 0
     response_bytes: int = 0
     reported_malformed: bool = False
+    reported_empty: bool = False  # a page without any series this collector reads has been logged
     held: dict[SeriesKey, Reading] = field(default_factory=dict)  # last readings a collector holds through gaps
 
     def page(self, collector: str, answer: bytes | ScrapeError) -> ScanResult | None:
@@ -45,7 +46,20 @@ class ScrapeTarget:
         if self.up is False:
             log.info("%s target %s: scraping again", collector, self.url)
         self.up = True
+        self._say_if_empty(collector, page)
         return page
+
+    def _say_if_empty(self, collector: str, page: ScanResult) -> None:
+        """A page that answers but holds nothing this collector reads (e.g. vLLM serving on after LMCache
+        failed to start) is said once, and again when its series come back and go again."""
+        if page.samples or page.malformed:
+            if self.reported_empty:
+                log.info("%s target %s: its series are on the page again", collector, self.url)
+            self.reported_empty = False
+        elif not self.reported_empty:
+            self.reported_empty = True
+            log.warning("%s target %s: the page answers but holds none of the series this collector reads; "
+                        "is the part of the engine that exports them running?", collector, self.url)
 
     def _failed(self, collector: str, exc: ScrapeError) -> None:
         self.errors[exc.kind] += 1

@@ -19,6 +19,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,26 @@ def _aiperf_summary(report: Report, root: Path) -> None:
             report.aiperf[f"{key}.{stat}"] = float(value)
     if "aiperf_version" in summary:
         report.notes.append(f"AIPerf {summary['aiperf_version']}")
+    theirs = report.aiperf.get("request_throughput.avg")
+    window = _phase_window(summary)
+    if theirs and report.rps and abs(theirs / report.rps - 1) > RPS_NOTE_ABOVE and window is not None:
+        report.notes.append(
+            f"RPS {report.rps:.3f} is requests over the requests' own window ({report.duration_s:.3f} s, AIPerf's "
+            f"benchmark_duration); AIPerf's request_throughput {theirs:.3f} divides by its profiling phase "
+            f"(start_time to end_time, {window:.3f} s), which includes its own start-up and wind-down")
+
+
+# AIPerf's request_throughput and ours part by a fixed few ms of AIPerf's phase overhead: said above 0.5 %
+RPS_NOTE_ABOVE = 5e-3
+
+
+def _phase_window(summary: dict[str, Any]) -> float | None:
+    """Seconds from AIPerf's start_time to its end_time (ISO 8601, the client's clock), None if unreadable."""
+    try:
+        start, end = (datetime.fromisoformat(summary[key]) for key in ("start_time", "end_time"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (end - start).total_seconds()
 
 
 def _server(report: Report, root: Path, engine: str) -> None:

@@ -7,6 +7,7 @@ import json
 import random
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,6 +39,12 @@ def scrape(url: str, kinds: tuple[str, ...] = ()) -> Page:
 
 def total(page: Page, name: str, **labels: str) -> float:
     return sum(v for (n, lab), v in page.items() if n == name and all((k, x) in lab for k, x in labels.items()))
+
+
+def log_tail(live: Any, chars: int = 3000) -> str:
+    """The end of the sidecar's log (e2e/conftest.py writes it into the launch's folder)."""
+    log = live.folder / "kvscope.log"
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
 
 def prompts(seed: int, count: int) -> list[str]:
@@ -82,6 +89,14 @@ def check_counters(live: Any, seed: int, count: int) -> tuple[Page, Page]:
     for prompt in prompts(seed=seed, count=count):
         stream(live, prompt)
     engine, agent = settled(live, "kvscope_ttft_seconds_count", "vllm:time_to_first_token_seconds_count")
+    assert total(engine, "vllm:time_to_first_token_seconds_count") == count
+    compare_counters(live, engine, agent)
+    return engine, agent
+
+
+def compare_counters(live: Any, engine: Page, agent: Page) -> None:
+    """kvscope's page against the engine's, counter by counter, and its KV-event view of G1 against the
+    engine's size: none lost, resident = stored − removed within num_gpu_blocks, used bytes from them."""
     pairs = [
         ("kvscope_kv_lookup_tokens_total", "vllm:prefix_cache_queries_total"),
         ("kvscope_prompt_tokens_total", "vllm:prompt_tokens_total"),
@@ -94,15 +109,40 @@ def check_counters(live: Any, seed: int, count: int) -> tuple[Page, Page]:
     ]
     for ours, theirs in pairs:
         assert total(agent, ours) == total(engine, theirs), (ours, total(agent, ours), theirs, total(engine, theirs))
+    # computed (recomputed) prompt tokens: vLLM's local_compute source, and its per-request histogram's sum
+    computed = total(engine, "vllm:prompt_tokens_by_source_total", source="local_compute")
+    assert computed == total(engine, "vllm:request_prefill_kv_computed_tokens_sum") > 0
+    assert total(agent, "kvscope_kv_computed_tokens_total") == computed
     assert total(engine, "vllm:prefix_cache_hits_total") > 0  # the prompts share prefixes
     assert total(agent, "kvscope_kv_hit_tokens_total", tier="G1") == total(engine, "vllm:prefix_cache_hits_total")
-    assert total(engine, "vllm:time_to_first_token_seconds_count") == count
     # KV events: none lost, malformed or dropped; resident G1 blocks as stored − removed, used bytes from them
     for fault in ("missed", "malformed", "dropped"):
         assert total(agent, f"kvscope_kv_events_{fault}_total") == 0, fault
     resident = total(agent, "kvscope_kv_resident_blocks", tier="G1")
     stored = total(agent, "kvscope_kv_events_total", type="BlockStored")
     gpu_blocks = float(next(dict(lab)["num_gpu_blocks"] for (n, lab) in engine if n == "vllm:cache_config_info"))
-    assert 0 < resident <= gpu_blocks and stored > 0
+    assert stored > 0, "no BlockStored event reached kvscope"
+    removed = total(agent, "kvscope_kv_events_total", type="BlockRemoved")
+    assert 0 < resident <= gpu_blocks, (
+        f"G1 resident {resident} of {gpu_blocks} blocks (stored {stored}, removed {removed}, residency known "
+        f"{total(agent, 'kvscope_kv_residency_known', tier='G1')}, replayed "
+        f"{total(agent, 'kvscope_kv_events_replayed_total')}); the sidecar's log ends:\n{log_tail(live)}")
+    became = total(agent, "kvscope_kv_blocks_stored_total", tier="G1")
+    left = total(agent, "kvscope_kv_blocks_removed_total", tier="G1")
+    assert resident == became - left and total(agent, "kvscope_kv_blocks_removed_unknown_total", tier="G1") == 0
     assert total(agent, "kvscope_tier_used_bytes", tier="G1") == resident * live.block_tokens * live.kv_bytes_per_token
-    return engine, agent
+
+
+def tokenizer_home(model: Path, home: Path, repo: str) -> Path:
+    """An HF_HOME whose hub cache holds the model's tokenizer as repo `repo`: AIPerf then loads it offline
+    (HF_HUB_OFFLINE=1) by name, the layout of shared/facts/clients.md §2, option B."""
+    commit = "0" * 40
+    cache = home / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = cache / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (cache / "refs").mkdir(exist_ok=True)
+    (cache / "refs" / "main").write_text(commit)
+    for item in model.iterdir():
+        if item.suffix != ".safetensors":  # the tokenizer and config files, not the weights
+            (snapshot / item.name).write_bytes(item.read_bytes())
+    return home
