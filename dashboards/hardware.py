@@ -4,14 +4,30 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from kvscope.dashboards.panels import HOST, TIER, Query, build_dashboard, timeseries_panel
+from kvscope.dashboards.panels import HOST, SCOPE, TIER, Query, build_dashboard, timeseries_panel
 from kvscope.dashboards.thresholds import RAISED, above
 
 UID = "kvscope-hardware"
 
+# The nodes the selected pods run on: kvscope's monitors put `node` on the sidecars' and the node agents'
+# series alike, so a node agent's host series are kept where a selected agent runs on the same node.
+# Series without `node` (one agent per host, the compose demo) are filtered by the variables directly.
+NODES = f"kvscope_build_info{{{HOST}}}"
+OWNED_GPU = "GPU {{gpu}} {{namespace}}/{{pod}} ({{instance}})"
+
 
 def _rate(metric: str, by: str, extra: str = "") -> str:
-    return f"sum by (instance, {by}) (rate({metric}{{{HOST}{extra}}}[$__rate_interval]))"
+    """Per second over the nodes of the selected pods, by the agent (the node, for a node agent) and `by`."""
+    return (f"sum by (instance, {by}) ("
+            f'rate({metric}{{cluster=~"$cluster", node!=""{extra}}}[$__rate_interval]) and on(cluster, node) {NODES}'
+            f' or rate({metric}{{{HOST}, node=""{extra}}}[$__rate_interval]))')
+
+
+def _gpu(rule: str) -> str:
+    """A GPU recording rule of the selected pods: the rules put the owning pod's namespace and pod on each GPU
+    (kvscope_gpu_pod_info), so $namespace is the owner's and $instance matches the owner's pod name (the
+    sidecar's instance); a GPU no pod was given shows under the agent that reads it."""
+    return f'{rule}{{{SCOPE}, pod=~"$instance"}} or {rule}{{{HOST}}}'
 
 
 def build() -> Dashboard:
@@ -35,8 +51,9 @@ def build() -> Dashboard:
             "(NFS mountstats, Lustre llite stats, IBM Storage Scale mmpmon): the G4 path when G4 is a parallel "
             "file system (kvscope_fs_read_bytes_total, kvscope_fs_written_bytes_total; cache hits included)."),
             "Bps",
-            [Query(_rate("kvscope_fs_read_bytes_total", "mount, fstype"), "{{mount}} ({{fstype}}) read"),
-             Query(_rate("kvscope_fs_written_bytes_total", "mount, fstype"), "{{mount}} ({{fstype}}) written")],
+            [Query(_rate("kvscope_fs_read_bytes_total", "mount, fstype"), "{{mount}} ({{fstype}}) read {{instance}}"),
+             Query(_rate("kvscope_fs_written_bytes_total", "mount, fstype"),
+                   "{{mount}} ({{fstype}}) written {{instance}}")],
             negative=[1], span=24),
     ]
     network = [
@@ -52,30 +69,35 @@ def build() -> Dashboard:
             "Data bytes per second on each InfiniBand or RoCE port (port_rcv_data and port_xmit_data × 4 from "
             "/sys/class/infiniband; kvscope_rdma_receive_bytes_total, kvscope_rdma_transmit_bytes_total): "
             "GPUDirect Storage and NIXL transfers that the NIC counters miss."), "Bps",
-            [Query(_rate("kvscope_rdma_receive_bytes_total", "device, port"), "{{device}}:{{port}} in"),
-             Query(_rate("kvscope_rdma_transmit_bytes_total", "device, port"), "{{device}}:{{port}} out")],
+            [Query(_rate("kvscope_rdma_receive_bytes_total", "device, port"), "{{device}}:{{port}} in {{instance}}"),
+             Query(_rate("kvscope_rdma_transmit_bytes_total", "device, port"), "{{device}}:{{port}} out {{instance}}")],
             negative=[1]),
     ]
     gpu = [
         timeseries_panel("GPU idle share", (
             "Share of sampled time each GPU ran no kernel (recording rule kvscope:gpu_idle:ratio_rate5m, from "
             "NVML utilization samples: kvscope_gpu_idle_seconds_total over busy plus idle). NVML's busy means "
-            "at least one kernel ran, so it overstates how much of the GPU worked."), "percentunit",
-            [Query(f"kvscope:gpu_idle:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], percent_max=True,
-            span=8),
+            "at least one kernel ran, so it overstates how much of the GPU worked. Each GPU is shown under "
+            "the namespace/pod the kubelet gave it to (kvscope_gpu_pod_info), and the namespace and pod "
+            "variables select GPUs by that owner; a GPU no pod was given shows under the agent reading it."),
+            "percentunit", [Query(_gpu("kvscope:gpu_idle:ratio_rate5m"), OWNED_GPU)], percent_max=True, span=8),
         timeseries_panel("Host↔GPU PCIe bytes: to the GPU up, from it down", (
             "Bytes per second the GPU received over PCIe from the host (the G2→G1 wire, above zero) and sent "
-            "to it (G1→G2, below zero), from NVML's PCIe counters or its throughput samples "
-            "(kvscope_gpu_pcie_receive_bytes_total, kvscope_gpu_pcie_transmit_bytes_total)."), "Bps",
-            [Query(_rate("kvscope_gpu_pcie_receive_bytes_total", "gpu"), "GPU {{gpu}} host→GPU"),
-             Query(_rate("kvscope_gpu_pcie_transmit_bytes_total", "gpu"), "GPU {{gpu}} GPU→host")],
+            "to it (G1→G2, below zero), from NVML's PCIe counters or its throughput samples (recording rules "
+            "kvscope:gpu_pcie_receive_bytes:rate5m and kvscope:gpu_pcie_transmit_bytes:rate5m, of "
+            "kvscope_gpu_pcie_receive_bytes_total and kvscope_gpu_pcie_transmit_bytes_total), under the "
+            "namespace/pod that owns each GPU."), "Bps",
+            [Query(_gpu("kvscope:gpu_pcie_receive_bytes:rate5m"), f"{OWNED_GPU} host→GPU"),
+             Query(_gpu("kvscope:gpu_pcie_transmit_bytes:rate5m"), f"{OWNED_GPU} GPU→host")],
             negative=[1], span=8),
         timeseries_panel("GPU idle while requests wait on KV fetch", (
             "Share of wall time each GPU ran no kernel while at least one request was fetching KV blocks and "
             "none was computing (recording rule kvscope:gpu_fetch_stall:ratio_rate5m; the correlation engine "
-            "intersects NVML idle samples with the requests' fetch intervals). Dashed: where "
-            "KVScopeGpuStalledOnFetch fires."), "percentunit",
-            [Query(f"kvscope:gpu_fetch_stall:ratio_rate5m{{{HOST}}}", "GPU {{gpu}} {{instance}}")], span=8,
+            "intersects NVML idle samples with the requests' fetch intervals), under the namespace/pod that "
+            "owns the GPU. Only an agent that reads both the GPU and the requests computes it: empty where "
+            "the node agent reads the GPUs and the sidecar the requests (compare GPU idle share with the "
+            "pod's fetch share of TTFT instead). Dashed: where KVScopeGpuStalledOnFetch fires."),
+            "percentunit", [Query(_gpu("kvscope:gpu_fetch_stall:ratio_rate5m"), OWNED_GPU)], span=8,
             look=above("KVScopeGpuStalledOnFetch")),
     ]
     contention = [
@@ -106,6 +128,8 @@ def build() -> Dashboard:
     return build_dashboard(
         "kvscope / Hardware path", UID,
         "The devices KV blocks cross on their way to the GPU: block devices (NVMe), NICs and RDMA ports, the "
-        "shared-filesystem client, PCIe and the GPU itself, and the correlation engine's storage-path signals.",
+        "shared-filesystem client, PCIe and the GPU itself, and the correlation engine's storage-path signals. "
+        "Device panels show the nodes the selected pods run on (joined on `node`); GPU panels show each GPU "
+        "under the pod it was given (kvscope_gpu_pod_info), selected by that pod's namespace and name.",
         ("instance", "tier"),
         [("Storage", storage), ("Network", network), ("GPU", gpu), ("Storage path contention", contention)])

@@ -18,8 +18,9 @@ import promql_parser as pp
 
 from kvscope.agent.core.catalogue import Catalogue
 
-# labels Prometheus adds to every scraped series (static/file SD, and the prometheus-operator's PodMonitor)
-TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "endpoint"})
+# labels Prometheus adds to every scraped series (static/file SD, and the prometheus-operator's PodMonitor),
+# and `node`, which kvscope's PodMonitor and ServiceMonitor add (the node the pod runs on)
+TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "endpoint", "node"})
 PROMETHEUS_SERIES = {"up": TARGET_LABELS}
 # what Grafana puts in place of its macros and our template variables before a query reaches Prometheus
 GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
