@@ -20,32 +20,14 @@ import yaml
 from kvscope.agent.app.wiring import components
 from kvscope.agent.config.settings import load_config
 from testkit.crd_schema import crd_validator
-from testkit.environment import missing_environment, require_tool
+from testkit.environment import require_tool
+from testkit.helm_chart import CHART, by_kind, helm, render
 from testkit.paths import ROOT
 from testkit.pod_security import pod_specs, violations
 
-CHART = ROOT / "deploy" / "helm" / "kvscope"
 KUBERNETES_VERSION = "1.33"
 EXAMPLE = {"example": {"enabled": True}}
 G4 = {"siteFacts": {"tierFetchCapacityBytesPerSecond": {"G4": 315e9}}}
-
-
-def helm() -> Any:
-    try:
-        import helm_python
-    except ImportError:
-        missing_environment("Helm's engine is not installed: `make tools` installs helm-python-sdk")
-    return helm_python
-
-
-def render(values: dict[str, Any] | None = None, chart: Path = CHART) -> list[dict[str, Any]]:
-    manifests = helm().Chart.load(str(chart)).render(values=values or {}, name="kvscope", namespace="monitoring")
-    return [doc for path, text in sorted(manifests.items()) if path.endswith(".yaml")
-            for doc in yaml.safe_load_all(text) if doc]
-
-
-def by_kind(resources: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [r for r in resources if r["kind"] == kind]
 
 
 def test_helm_lint_strict_passes_and_fails_a_broken_chart(tmp_path: Path) -> None:
@@ -218,3 +200,26 @@ def test_the_tools_target_installs_the_pinned_engine() -> None:
     (pin,) = [line.split('"')[1] for line in pyproject.splitlines() if line.startswith("chart = [")]
     assert pin.startswith("helm-python-sdk==") and pin in makefile
     assert os.environ.get("KVSCOPE_REQUIRE_TOOLS") != "1" or helm() is not None
+
+
+def _runbook_urls(resources: list[dict[str, Any]]) -> dict[str, str]:
+    (rule,) = by_kind(resources, "PrometheusRule")
+    return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]
+            if "alert" in r}
+
+
+def test_alerts_link_absolute_runbook_urls_from_a_value() -> None:
+    """Every alert's runbook_url is monitoring.runbookBaseUrl + the anchor of its section in docs/runbooks.md
+    (the rule files keep the repository path); an empty base refuses to render, naming the value."""
+    shipped = {r["alert"]: r["annotations"]["runbook_url"] for f in (CHART / "files" / "rules").glob("*.yml")
+               for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["runbookBaseUrl"]
+    assert default.startswith("https://") and default.endswith("docs/runbooks.md")
+    for base in (default, "https://wiki.example.com/sre/kvscope-runbooks"):
+        urls = _runbook_urls(render({"monitoring": {"runbookBaseUrl": base}}))
+        assert urls.keys() == shipped.keys() and len(urls) >= 8
+        for alert, url in urls.items():
+            assert url == f"{base}#{alert.lower()}", alert
+            assert shipped[alert] == f"docs/runbooks.md#{alert.lower()}", alert
+    with pytest.raises(Exception, match=r"monitoring\.runbookBaseUrl"):
+        render({"monitoring": {"runbookBaseUrl": ""}})

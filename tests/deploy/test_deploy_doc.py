@@ -15,10 +15,9 @@ from typing import Any
 import yaml
 
 import kvscope
+from testkit.helm_chart import CHART, by_kind, helm, render
 from testkit.paths import ROOT
 from testkit.pod_security import violations
-
-from .test_chart import CHART, by_kind, helm, render
 
 DOC = ROOT / "docs" / "deploy.md"
 
