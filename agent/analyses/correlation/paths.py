@@ -7,6 +7,7 @@ that traffic with the KV bytes the engine moved on the tier.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict, deque
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from kvscope.agent.analyses.correlation.options import CorrelationOptions
     from kvscope.agent.analyses.correlation.state import Outputs
 
+log = logging.getLogger("kvscope.analyses.correlation")
+PATH_GAUGES = (m.PATH_UTILISATION, m.BANDWIDTH_DROP, m.NON_KV_SHARE, m.NOISY_NEIGHBOUR, m.SATURATED)
 _SELECTOR = re.compile(r'^\s*([a-z_][a-z0-9_]*)\s*(?:\{(.*)\})?\s*$')
 _MATCHER = re.compile(r'\s*([a-z_][a-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
@@ -63,6 +66,7 @@ class PathWatch:
         self._peaks: dict[str, float] = defaultdict(float)
         self._thresholds = signals.Thresholds(options.near_peak, options.bandwidth_drop, options.kv_share_fall,
                                               options.saturated)
+        self._unseen: set[str] = set()  # tiers whose selectors match no series: said once, no signals
 
     def metrics(self, catalogue: Catalogue) -> list[str]:
         """The series the paths name that the agent can hold (what the reader must read)."""
@@ -70,13 +74,16 @@ class PathWatch:
 
     def step(self, snapshot: Window, window: WindowSummary, dt: float) -> None:
         for tier, selectors in self._selectors.items():
-            total = 0.0
+            total, matched = 0.0, False
             for selector in selectors:
                 if not snapshot.reads(selector.name):  # not a metric the agent holds
                     continue
                 for point in snapshot.series(selector.name):
                     if selector.matches(point.labels):
                         total += point.rate_growth
+                        matched = True
+            if not self._seen(tier, matched):
+                continue
             seconds = window.onboard_seconds.get(tier, 0.0)
             current = signals.PathWindow(
                 total / dt, window.tier_bytes.get(tier, 0.0) / dt,
@@ -95,3 +102,21 @@ class PathWatch:
                     gauges[(name, (tier,))] = ratio
             gauges[(m.NOISY_NEIGHBOUR, (tier,))] = float(verdict.noisy_neighbour)
             gauges[(m.SATURATED, (tier,))] = float(verdict.saturated)
+
+    def _seen(self, tier: str, matched: bool) -> bool:
+        """Whether the tier's path has a series this window. A path the agent cannot see (its collector off,
+        e.g. in a sidecar whose node agent reads the host) exports no verdict rather than a 0 that reads as
+        "quiet": its gauges are removed, and the operator is told once."""
+        if matched:
+            if tier in self._unseen:
+                self._unseen.discard(tier)
+                log.info("correlation paths.%s: its path's series are here again", tier)
+            return True
+        if tier not in self._unseen:
+            self._unseen.add(tier)
+            log.warning("correlation paths.%s: none of its selectors (%s) matches a series this agent holds; no "
+                        "noisy-neighbour or saturation verdict for %s until one does (is the collector enabled?)",
+                        tier, ", ".join(s.name for s in self._selectors[tier]), tier)
+        for name in PATH_GAUGES:
+            self._out.gauges.pop((name, (tier,)), None)
+        return False

@@ -275,6 +275,36 @@ def test_noisy_neighbour_from_store_paths() -> None:
     assert value(window(40e9, 35e9, 10e9), m.NOISY_NEIGHBOUR, ("G4",)) == 0.0
 
 
+def test_a_path_the_agent_cannot_see_exports_no_verdict(caplog: pytest.LogCaptureFixture) -> None:
+    """A sidecar whose node agent reads the host: the path's collector is off, so its series never come.
+    No noisy-neighbour or saturation gauge (a 0 would read as "the path is quiet"), and the operator is told
+    once; when the series come, the verdicts do."""
+    from kvscope.agent.core.catalogue import counter
+    clock = Clock()
+    fs_reads = counter("kvscope_fs_read_bytes_total", "bytes", ("mount", "fstype"), "FS reads.", "test")
+    store = Store(Catalogue([*AGENT_METRICS, *contract.CONTRACT_METRICS, *m.METRICS, fs_reads]))
+    options = CorrelationOptions(paths={"G4": ['kvscope_fs_read_bytes_total{mount="/gpfs"}']},
+                                 path_capacity_bytes_per_second={"G4": 100e9})
+    engine = CorrelationEngine(options, store, RecordBuffer(), None, clock)
+    path_gauges = (m.NOISY_NEIGHBOUR, m.SATURATED, m.PATH_UTILISATION)
+    for kv in (1e9, 2e9, 3e9):
+        store.ingest("vllm", [Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G2"), kv),
+                              Sample(contract.KV_TRANSFER_SECONDS, (*E, "G4", "G2"), kv / 10e9)], clock.t)
+        with caplog.at_level("INFO", logger="kvscope.analyses.correlation"):
+            out = engine.run()
+        clock.t += 1.0
+        assert not [r for r in out if r.name in path_gauges], out
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "paths.G4" in warnings[0] and "kvscope_fs_read_bytes_total" in warnings[0]
+    store.ingest("fs", [Sample("kvscope_fs_read_bytes_total", ("/gpfs", "gpfs"), 0.0)], clock.t)
+    store.ingest("vllm", [Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G2"), 4e9)], clock.t)
+    engine.run()
+    clock.t += 1.0
+    store.ingest("fs", [Sample("kvscope_fs_read_bytes_total", ("/gpfs", "gpfs"), 2e9)], clock.t)
+    store.ingest("vllm", [Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G2"), 5e9)], clock.t)
+    assert value(engine.run(), m.NOISY_NEIGHBOUR, ("G4",)) == 0.0  # seen: a verdict again
+
+
 class ListSink:
     def __init__(self) -> None:
         self.results: list[object] = []
