@@ -38,7 +38,7 @@ class RequestAttribution:
         self._sinks = sinks
         self._gpus = gpus
         # per engine key: GPU idle seconds in attributed prefill phases beyond their fetch and offload, and
-        # the records that had GPU samples, since the aggregate last took them (take_idle)
+        # the records that came where GPUs are sampled, since the aggregate last took them (take_idle)
         self.idle_by_key: dict[Key, float] = defaultdict(float)
         self.idle_records: dict[Key, int] = defaultdict(int)
         self.offload_by_key: dict[Key, float] = defaultdict(float)  # those records' measured offload
@@ -84,11 +84,14 @@ class RequestAttribution:
             estimate = estimate_fetch(record, lambda tier, moved: models.tier(key, tier).seconds(moved),  # noqa: B023
                                       lambda _tier: models.bytes_per_token(key))  # noqa: B023
             attribution = attribute_request(record, model, estimate, inside, prefill_idle)
-            if prefill_idle is not None:
-                self.idle_by_key[key] += attribution.prefill_idle
+            if self._gpus is not None:  # every record that came, its GPU idle known or not: the
+                # aggregate holds a window until as many records as TTFTs have come, and a record whose
+                # prefill no GPU sample covers (the sampler started after it, or was descheduled) still came
                 self.idle_records[key] += 1
                 if record.offload_seconds is not None:
                     self.offload_by_key[key] += record.offload_seconds
+            if prefill_idle is not None:
+                self.idle_by_key[key] += attribution.prefill_idle
             out.add_attribution(m.REQUEST_ATTRIBUTED, key, attribution, "request")
             out.counters[(m.REQUESTS_ATTRIBUTED, (*key, record.source or "unknown"))] += 1
             if "fetch" in attribution.parts and record.ttft > 0:
