@@ -213,6 +213,10 @@ class WindowAttribution:
             return None
         if counts.records == 0 and key not in self._idle_records:
             self._silent.add(key)  # waited in vain: this engine sends no records (with GPU samples)
+        if counts.records is not None and counts.records > counts.ttft:
+            # records ahead of their TTFTs (a span exported before the scrape that shows its first token):
+            # they count for the window that brings those TTFTs, which would otherwise wait for them in vain
+            self._idle_records[key] = self._idle_records.get(key, 0) + int(counts.records - counts.ttft)
         return totals
 
     def _carry(self, carry: dict[Key, tuple[float, int]], key: Key, seconds: float, error: str,

@@ -459,6 +459,33 @@ def test_a_record_no_gpu_sample_covers_still_releases_its_window() -> None:
                                         "other": 0.0}
 
 
+def test_a_record_that_comes_before_its_first_token_is_scraped_counts_for_that_window() -> None:
+    """The request's span (its record) reaches the agent while its fetch is already on the page but its first
+    token is not yet (the next scrape shows it). The record is taken with the fetch-only window; the window
+    that then brings the TTFT must not wait RECORD_HOLD_SECONDS for a record that has already come."""
+    store, buffer, clock = make_store(), RecordBuffer(), Clock(901.0)
+    gpus = FakeGpus([(899.0, 903.0, 1.0)])  # busy throughout: no idle to move
+    engine = CorrelationEngine(CorrelationOptions(fetch_inside="prefill"), store, buffer, gpus, clock)
+    store.ingest("vllm", [hist(contract.TTFT_SECONDS, 0.0, 0), hist(contract.QUEUE_SECONDS, 0.0, 0),
+                          hist(contract.PREFILL_SECONDS, 0.0, 0)], clock.t)
+    engine.run()
+    clock.t += 1
+    store.ingest("vllm", [hist(contract.TTFT_SECONDS, 0.0, 0), hist(contract.QUEUE_SECONDS, 0.0, 0),
+                          hist(contract.PREFILL_SECONDS, 0.0, 0),
+                          Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G1"), 1e9),
+                          Sample(contract.KV_TRANSFER_SECONDS, (*E, "G4", "G1"), 0.2)], clock.t)
+    buffer.put([record(0, arrival=900.5, ttft=1.0, queue=0.1, prefill=0.8)])
+    assert sum(attributed(engine.run()).values()) == 0.0  # the fetch waits for its request's phase
+    clock.t += 1
+    store.ingest("vllm", [hist(contract.TTFT_SECONDS, 1.0, 1), hist(contract.QUEUE_SECONDS, 0.1, 1),
+                          hist(contract.PREFILL_SECONDS, 0.8, 1),
+                          Sample(contract.KV_TRANSFER_BYTES, (*E, "G4", "G1"), 1e9),
+                          Sample(contract.KV_TRANSFER_SECONDS, (*E, "G4", "G1"), 0.2)], clock.t)
+    assert attributed(engine.run()) == {"queue": pytest.approx(0.1), "fetch": pytest.approx(0.2),
+                                        "prefill": pytest.approx(0.6), "frontend": pytest.approx(0.1),
+                                        "other": 0.0}
+
+
 def test_an_engine_that_sends_no_records_is_waited_for_once() -> None:
     store, clock = make_store(), Clock()
     gpus = FakeGpus([(990.0, 2000.0, 0.0)])
