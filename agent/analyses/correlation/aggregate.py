@@ -30,9 +30,12 @@ FETCH_CARRY_WINDOWS = 60
 # The same delay splits a request's TTFT (observed at its first token) from its queue and prefill time
 # (observed when it finishes) when a window ends in between. A window whose TTFTs outnumber its queue or
 # prefill observations is held and added to the next one, until the observations have caught up, for at
-# most this many windows. Attributed apart, the first window would count the missing phases as `other`
-# and the next one, with no TTFT of its own, would not be attributed at all.
+# least this many windows and PHASE_HOLD_SECONDS (the phases wait for the request's whole decode; windows
+# alone end early where they are short: a reader that makes the agent collect on every scrape, or the
+# self-test's settling, ticked 5 windows by in ~0.1 s). Attributed apart, the first window would count the
+# missing phases as `frontend` and the next one, with no TTFT of its own, as a negative remainder.
 HOLD_WINDOWS = 5
+PHASE_HOLD_SECONDS = 30.0
 # A window is also held until the per-request records of its requests have come (their GPU idle time is
 # taken out of its prefill sum), where the engine sends records with GPU samples: spans leave the engine
 # through a BatchSpanProcessor, which exports every 5 s (OTEL_BSP_SCHEDULE_DELAY), so they lag the
@@ -201,14 +204,15 @@ class WindowAttribution:
 
     def _hold(self, key: Key, totals: WindowTotals, counts: _Counts, now: float) -> WindowTotals | None:
         """This window's totals with those held before it, or None while its TTFTs are still ahead of their
-        queue or prefill observations (held for at most HOLD_WINDOWS windows) or of their records (at most
-        RECORD_HOLD_SECONDS, or HOLD_WINDOWS windows if that is longer)."""
+        queue or prefill observations (held for HOLD_WINDOWS windows and PHASE_HOLD_SECONDS at most, whichever
+        ends later) or of their records (likewise, RECORD_HOLD_SECONDS)."""
         windows, since = 0, now
         if key in self._held:
             before, before_counts, windows, since = self._held.pop(key)
             totals, counts = _joined(before, totals), before_counts + counts
-        ahead = counts.phases_ahead() or counts.records_ahead()
-        if (ahead and windows + 1 < HOLD_WINDOWS) or (counts.records_ahead() and now - since < RECORD_HOLD_SECONDS):
+        waited = now - since
+        if ((counts.phases_ahead() and (windows + 1 < HOLD_WINDOWS or waited < PHASE_HOLD_SECONDS))
+                or (counts.records_ahead() and (windows + 1 < HOLD_WINDOWS or waited < RECORD_HOLD_SECONDS))):
             self._held[key] = (totals, counts, windows + 1, since)
             return None
         if counts.records == 0 and key not in self._idle_records:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.agent.analyses.correlation import metrics as m
-from kvscope.agent.analyses.correlation.aggregate import HOLD_WINDOWS, RECORD_HOLD_SECONDS
+from kvscope.agent.analyses.correlation.aggregate import HOLD_WINDOWS, PHASE_HOLD_SECONDS, RECORD_HOLD_SECONDS
 from kvscope.agent.analyses.correlation.analysis import SPEC, CorrelationEngine, build
 from kvscope.agent.analyses.correlation.options import CorrelationOptions
 from kvscope.agent.core import contract
@@ -393,18 +393,41 @@ def test_a_window_ending_between_first_tokens_and_finishes_is_held_until_they_fi
 
 def test_a_held_window_is_attributed_after_hold_windows_however_its_requests_end() -> None:
     """Requests that never finish (hung, or their finish is not on the page) do not hold attribution back for
-    more than HOLD_WINDOWS windows: their missing phases then count as `frontend` (the remainder)."""
+    more than HOLD_WINDOWS windows and PHASE_HOLD_SECONDS, whichever ends later: their missing phases then
+    count as `frontend` (the remainder). Windows of 10 s: HOLD_WINDOWS of them outlast the seconds."""
     store, clock = make_store(), Clock()
     engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+    step = max(10.0, PHASE_HOLD_SECONDS / (HOLD_WINDOWS - 1))
     seen: dict[str, float] = {}
     for window in range(HOLD_WINDOWS):
         store.ingest("vllm", [hist(contract.TTFT_SECONDS, 2.0 + window, 2 + window),
                               hist(contract.QUEUE_SECONDS, 0.6, 1), hist(contract.PREFILL_SECONDS, 0.4, 1)], clock.t)
         seen = attributed(engine.run())
         assert (sum(seen.values()) == 0.0) == (window < HOLD_WINDOWS - 1), window
-        clock.t += 1
+        clock.t += step
     assert seen == {"queue": pytest.approx(0.6), "prefill": pytest.approx(0.4),
                     "frontend": pytest.approx(2.0 + HOLD_WINDOWS - 1 - 1.0), "other": 0.0}
+
+
+def test_short_windows_hold_a_window_for_its_phases_for_seconds_not_only_windows() -> None:
+    """Windows that tick fast (an agent collecting on every scrape) do not release a window before its
+    requests had PHASE_HOLD_SECONDS to finish: two first tokens in window one, their finishes 20 windows of
+    50 ms later, attributed together with nothing put in `frontend` or a negative remainder. Released after
+    HOLD_WINDOWS windows, as before, queue and prefill read 0 % and frontend 100 % of that window's TTFT."""
+    store, clock = make_store(), Clock()
+    engine = CorrelationEngine(CorrelationOptions(), store, RecordBuffer(), None, clock)
+    readings: list[Reading] = []
+    for window in range(21):
+        done = window == 20
+        store.ingest("vllm", [hist(contract.TTFT_SECONDS, 2.0, 2), hist(contract.QUEUE_SECONDS, 1.2 if done else 0.0,
+                                                                      2 if done else 0),
+                              hist(contract.PREFILL_SECONDS, 0.8 if done else 0.0, 2 if done else 0)], clock.t)
+        readings = engine.run()
+        assert (sum(attributed(readings).values()) == 0.0) == (not done), window
+        clock.t += 0.05
+    assert attributed(readings) == {"queue": pytest.approx(1.2), "prefill": pytest.approx(0.8), "frontend": 0.0,
+                                    "other": 0.0}
+    assert value(readings, m.ATTRIBUTION_ERROR, (*E, "aggregate", "negative_remainder")) == 0.0
 
 
 def test_a_window_waits_for_its_records_and_loses_their_gpu_idle_from_prefill() -> None:
