@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from testkit.live_vllm import SMALL_G1_BLOCKS
+from testkit.processes import stop
 
 HERE = Path(__file__).resolve().parent
 BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
@@ -68,16 +69,6 @@ def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: fl
         except OSError:
             time.sleep(0.5)
     pytest.fail(f"{url} not ready after {seconds:.0f} s; log tail:\n{log.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def sidecar_config() -> str:
@@ -144,7 +135,7 @@ def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
 
     def restart() -> None:
         """vLLM stopped and started again on the same ports (a pod's engine container restarting)."""
-        stop(engines[-1])
+        stop(engines[-1], grace=30)
         engines.append(subprocess.Popen(command, env=env, stdout=engine_log.open("ab"), stderr=subprocess.STDOUT))
         wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[-1], engine_log, 300)
     config = folder / "kvscope.toml"
@@ -173,8 +164,8 @@ def launch(venv: Path, model: Path, folder: Path, gpu_blocks: int | None = None,
         wait_http(f"http://127.0.0.1:{engine}/v1/models", engines[0], engine_log, 300)
         yield Live(str(model), f"http://127.0.0.1:{engine}", f"http://127.0.0.1:{agent}", folder, restart=restart)
     finally:
-        stop(engines[-1])
-        stop(sidecar)
+        stop(engines[-1], grace=30)
+        stop(sidecar, grace=30)
 
 
 @pytest.fixture(scope="module")

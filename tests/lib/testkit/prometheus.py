@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from testkit.processes import stop
+
 
 def get(url: str, timeout: float = 5.0) -> Any:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -52,12 +54,7 @@ def process(args: list[str], log: Path, ready_url: str) -> Iterator[subprocess.P
         wait(f"{args[0]} at {ready_url}", ready, 30, 0.05)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=10)
 
 
 class Prometheus:
