@@ -71,12 +71,18 @@ class NvmlOptions:
             raise ValueError(f"process_match is not a regular expression: {exc}") from None
 
 
+# The kubelet is asked which pod holds each GPU at most this often (a List call per collection, every second,
+# would be many times dcgm-exporter's one per scrape); a GPU handed to a new pod carries it within this long.
+POD_OWNERS_REFRESH_SECONDS = 10.0
+
+
 class NvmlCollector:
     def __init__(self, nvml: Any | None, options: NvmlOptions, clock: Callable[[], float],
                  wall_clock: Callable[[], float], proc_root: str = "/proc",
                  owners: Callable[[], Mapping[str, GpuOwner]] | None = None) -> None:
         self._calls = NvmlCalls(nvml)
         self._owners = owners  # GPU UUID -> the container the kubelet gave it (None: not on Kubernetes)
+        self._owners_asked: tuple[float, Mapping[str, GpuOwner]] | None = None  # when last asked, its answer
         self._options = options
         self._clock, self._wall = clock, wall_clock
         self._gpus: list[GpuState] | None = None
@@ -125,13 +131,16 @@ class NvmlCollector:
     def _pod_info(self) -> list[Reading]:
         if self._owners is None:
             return []
-        try:
-            owners = self._owners()
-        except Exception as exc:  # the kubelet restarting, a socket not mounted: GPU data goes on without pods
-            self._calls.log_once(("pod-resources", type(exc).__name__), logging.WARNING,
-                                 "nvml: the kubelet's pod-resources API does not answer (%s: %s); GPU series "
-                                 "carry no pod until it does", type(exc).__name__, exc)
-            return []
+        now = self._clock()
+        if self._owners_asked is None or now - self._owners_asked[0] >= POD_OWNERS_REFRESH_SECONDS:
+            try:
+                self._owners_asked = (now, self._owners())
+            except Exception as exc:  # the kubelet restarting, a socket not mounted: GPU data goes on without pods
+                self._owners_asked = (now, {})  # asked again after the refresh period, not every collection
+                self._calls.log_once(("pod-resources", type(exc).__name__), logging.WARNING,
+                                     "nvml: the kubelet's pod-resources API does not answer (%s: %s); GPU series "
+                                     "carry no pod until it does", type(exc).__name__, exc)
+        owners = self._owners_asked[1]
         gpus = [(g.label, g.uuid) for g in self._gpus or []]
         return [Sample(POD_INFO.name, labels, value) for labels, value in pod_info(gpus, owners)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from kvscope.agent.core.readings import Sample
-from kvscope.collectors.gpu.nvml import SPEC, NvmlCollector, NvmlOptions
+from kvscope.collectors.gpu.nvml import POD_OWNERS_REFRESH_SECONDS, SPEC, NvmlCollector, NvmlOptions
 from kvscope.collectors.gpu.pod_resources import GpuOwner, PodResourcesClient, gpu_owners, message_classes
 from testkit.nvml_replay import NvmlReplay
 from testkit.paths import FIXTURES
@@ -122,10 +122,31 @@ def test_the_parser_reads_the_full_messages_wire_format() -> None:
         "mlx5_0": GpuOwner("kube-system", "storage-client", "client")}
 
 
-def _collector(owners: Any) -> NvmlCollector:
+def _collector(owners: Any, clock: Callable[[], float] = lambda: 0.0) -> NvmlCollector:
     recording = json.loads((FIXTURES / "nvml" / "h200_real_auto.json").read_text())
-    return NvmlCollector(NvmlReplay(recording), NvmlOptions(pcie_poll_seconds=0.0), lambda: 0.0,
+    return NvmlCollector(NvmlReplay(recording), NvmlOptions(pcie_poll_seconds=0.0), clock,
                          lambda: 1754000000.0, "/nonexistent", owners)
+
+
+def test_the_kubelet_is_asked_once_per_refresh_period_not_every_collection() -> None:
+    asked: list[float] = []
+    now = [0.0]
+
+    def owners() -> dict[str, GpuOwner]:
+        asked.append(now[0])
+        if len(asked) == 2:
+            raise ConnectionError("kubelet restarting")
+        return {H200: GpuOwner("inference", f"pod-{len(asked)}", "vllm")}
+
+    collector = _collector(owners, lambda: now[0])
+    pods = []
+    for t in (0.0, 1.0, 9.9, POD_OWNERS_REFRESH_SECONDS, 11.0, 2 * POD_OWNERS_REFRESH_SECONDS):
+        now[0] = t
+        pods.append([r.labels[3] for r in collector.collect()
+                     if isinstance(r, Sample) and r.name == "kvscope_gpu_pod_info"])
+    # asked at 0, 10 (fails: no pod, and not asked again at 11), 20
+    assert asked == [0.0, POD_OWNERS_REFRESH_SECONDS, 2 * POD_OWNERS_REFRESH_SECONDS]
+    assert pods == [["pod-1"], ["pod-1"], ["pod-1"], [], [], ["pod-3"]]
 
 
 def test_the_nvml_collector_names_the_pod_of_each_gpu(kubelet: tuple[str, list[str]]) -> None:
