@@ -69,11 +69,12 @@ tier_sizes = {{ G1 = "{G1_BLOCKS} blocks" }}  # each worker's; the frontend stat
 
 def autodetected(stack: Stack) -> str:
     """No engine adapter configured: autodetection over the stack's pages (a pod's default ports would be
-    8000 and 8081), probing again every 2 s (a worker's vLLM-named lines appear only after its first request)."""
+    8000 and 8081), probing again every 2 s while a worker's page has no vLLM-named lines (they appear with its
+    first request)."""
     return f"""{PRELUDE}
 [collectors.engine_discovery]
 candidates = [{pages(stack)}]
-reprobe_interval_seconds = 2.0
+awaiting_engine_reprobe_seconds = 2.0
 kv_bytes_per_token = {KV_BYTES_PER_TOKEN}
 {HOST_OFF}"""
 
@@ -220,3 +221,10 @@ def test_autodetection_finds_the_frontend_and_workers_by_their_names(stack: Stac
             assert total(agent, ours, engine="dynamo") == total(frontend, theirs), (ours, theirs)
         assert total(agent, "kvscope_requests_finished_total", engine="dynamo", reason="success") == total(
             frontend, "dynamo_frontend_requests_total", status="success") == REQUESTS + 4
+        # a worker that served its first request since: found as vLLM by the probe soon after
+        now_served = [u for u, w in zip(urls, stack.worker_urls, strict=True) if any(
+            n.startswith("vllm:") for n, _ in scrape(w))]
+        _, agent = settled(auto.url, stack, lambda _, agent: total(
+            agent, "kvscope_engine_discovered_info", engine="vllm") == len(now_served))
+        assert {dict(lab)["url"] for n, lab in agent if n == "kvscope_engine_discovered_info"
+                and ("engine", "vllm") in lab} == set(now_served)

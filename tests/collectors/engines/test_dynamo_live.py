@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.collectors.engines.discovery import identify
+from kvscope.agent.core.pipeline import CollectorContext
+from kvscope.collectors.engines.discovery import DISCOVERED, DiscoveryCollector, DiscoveryOptions, identify
 from kvscope.collectors.engines.dynamo_frontend import DynamoCollector, DynamoOptions
 from kvscope.collectors.engines.vllm_metrics import VllmMetricsCollector, VllmOptions
 from kvscope.collectors.scrape.exposition import ExpositionScanner
-from testkit.engine_pages import as_dict, histogram, page, serving, value
+from testkit.engine_pages import PageServer, as_dict, histogram, page, series, serving, value
+from testkit.paths import FIXTURES
 
 LIVE = "live-1.6.1"
+NODE = str(FIXTURES / "dynamo" / "node" / "proc")  # a mount table, for the KVBM adapter autodetection could build
 DYNAMO = ("dynamo", "tiny", "0")
 VLLM = ("vllm", "tiny", "0")
 
@@ -75,3 +78,25 @@ def test_autodetection_identifies_each_page_by_its_names() -> None:
     assert kinds("frontend.prom") == kinds("frontend-idle.prom") == {"dynamo"}
     assert kinds("worker-1.prom") == kinds("worker-2.prom") == {"dynamo", "vllm"}
     assert kinds("worker-1-idle.prom") == {"dynamo"}  # the vLLM-named lines come with the first request
+
+
+def test_an_idle_workers_page_is_probed_again_soon_until_its_engine_lines_appear() -> None:
+    """A Dynamo worker page without its engine's lines (as at start, before its first request) is probed again
+    after awaiting_engine_reprobe_seconds, not after the slow interval; once they are there, the slow one."""
+    now = [0.0]
+    with PageServer({"/metrics": page("dynamo", f"{LIVE}/worker-1-idle.prom")}) as worker:
+        options = DiscoveryOptions(candidates=[worker.url()], reprobe_interval_seconds=300,
+                                   awaiting_engine_reprobe_seconds=10, probe_timeout_seconds=1)
+        collector = DiscoveryCollector(options, CollectorContext(proc_root=NODE), clock=lambda: now[0])
+        assert series(as_dict(collector.collect()), DISCOVERED) == {("dynamo", worker.url())}
+        worker.routes["/metrics"] = page("dynamo", f"{LIVE}/worker-1.prom")  # its first requests were served
+        now[0] = 9.0
+        assert series(as_dict(collector.collect()), DISCOVERED) == {("dynamo", worker.url())}
+        now[0] = 10.0
+        found = as_dict(collector.collect())
+        assert series(found, DISCOVERED) == {("dynamo", worker.url()), ("vllm", worker.url())}
+        usage = served("worker-1.prom", "vllm:kv_cache_usage_perc")
+        assert value(found, "kvscope_kv_cache_usage_ratio", *VLLM) == usage
+        worker.routes["/metrics"] = page("dynamo", f"{LIVE}/worker-1-idle.prom")
+        now[0] = 299.0  # the slow interval now: no probe sees the change
+        assert ("vllm", worker.url()) in series(as_dict(collector.collect()), DISCOVERED)
