@@ -95,8 +95,9 @@ def replay_both(make_sub: Subscribers, **options: Any) -> dict[tuple[str, tuple[
     return values(sub)
 
 
-def test_replayed_events_equal_the_workers_own_counts_and_fill_g1(make_sub: Subscribers) -> None:
-    v = replay_both(make_sub, default_medium="GPU", kv_bytes_per_token=512)
+@pytest.mark.parametrize("bytes_per_token", [512, 36_864])  # the mocker's tiny model; the seeds' gpt-oss-120b
+def test_replayed_events_equal_the_workers_own_counts_and_fill_g1(make_sub: Subscribers, bytes_per_token: int) -> None:
+    v = replay_both(make_sub, default_medium="GPU", kv_bytes_per_token=bytes_per_token)
     for rank, worker in enumerate(WORKERS):
         lab = ("vllm", "test-model", str(rank))
         counted = worker_counted(worker)
@@ -109,7 +110,7 @@ def test_replayed_events_equal_the_workers_own_counts_and_fill_g1(make_sub: Subs
         assert 0 < resident <= G1_BLOCKS
         assert v[("kvscope_kv_resident_blocks", (*lab, "G1"))] == resident
         assert v[("kvscope_kv_residency_known", (*lab, "G1"))] == 1
-        assert v[("kvscope_tier_used_bytes", (*lab, "G1"))] == resident * BLOCK_TOKENS * 512
+        assert v[("kvscope_tier_used_bytes", (*lab, "G1"))] == resident * BLOCK_TOKENS * bytes_per_token
         assert ("kvscope_kv_resident_blocks", (*lab, "unattributed")) not in v
 
 

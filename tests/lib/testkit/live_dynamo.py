@@ -3,8 +3,9 @@ workers (Dynamo's own simulated engine: it schedules, keeps a prefix cache in bl
 file discovery, no GPU, no etcd or NATS (shared facts: dynamo-cpu.md), with `kvscope run` beside it.
 
 Each worker serves its /metrics on a system port (DYN_SYSTEM_ENABLED) and publishes its KV events in vLLM's
-wire format on a ZMQ port of its own: worker r on `kv_events_port + r`, so one KV-event collector with
-data_parallel_size 2 subscribes to both (worker r is rank r). Processes write their logs into the folder."""
+wire format on a ZMQ port of its own: worker r on `kv_events_port + r` (its replay ROUTER on `replay_port + r`),
+so one KV-event collector with data_parallel_size 2 subscribes to both (worker r is rank r). Processes write
+their logs into the folder."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Stack:
     frontend_url: str  # http://127.0.0.1:PORT (OpenAI API and /metrics)
     worker_urls: tuple[str, ...]  # each worker's system port
     kv_events_port: int  # worker r publishes on this port + r
+    replay_port: int  # and answers replay requests on this port + r
     folder: Path
     model: str = MODEL
 
@@ -71,7 +73,8 @@ def dynamo(venv: Path, model: Path, folder: Path) -> Iterator[Stack]:
     python = str(venv / "bin" / "python")
     http = free_port()
     systems = [free_port() for _ in range(WORKERS)]
-    kv_events = consecutive_free_ports(WORKERS)
+    kv_events = consecutive_free_ports(2 * WORKERS)  # the KV-event ports, then the replay ports
+    replay = kv_events + WORKERS
     env = {**os.environ, "DYN_FILE_KV": str(folder / "discovery"), "HOME": str(folder)}  # HOME: its model cache
     processes = [_start([python, "-m", "dynamo.frontend", "--discovery-backend", "file", "--http-host", "127.0.0.1",
                          "--http-port", str(http), "--router-mode", "kv"], env, folder / "frontend.log")]
@@ -80,9 +83,10 @@ def dynamo(venv: Path, model: Path, folder: Path) -> Iterator[Stack]:
             [python, "-m", "dynamo.mocker", "--model-path", str(model), "--model-name", MODEL,
              "--discovery-backend", "file", "--num-gpu-blocks-override", str(G1_BLOCKS),
              "--block-size", str(BLOCK_TOKENS), "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN),
-             "--zmq-kv-events-ports", str(kv_events + rank)],
+             "--zmq-kv-events-ports", str(kv_events + rank), "--zmq-replay-ports", str(replay + rank)],
             {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(system)}, folder / f"worker-{rank}.log"))
-    stack = Stack(f"http://127.0.0.1:{http}", tuple(f"http://127.0.0.1:{p}" for p in systems), kv_events, folder)
+    stack = Stack(f"http://127.0.0.1:{http}", tuple(f"http://127.0.0.1:{p}" for p in systems), kv_events, replay,
+                  folder)
     try:
         for process, url, log in [(processes[0], stack.frontend_url + "/v1/models", folder / "frontend.log"),
                                   *((p, f"{u}/metrics", folder / f"worker-{r}.log")
