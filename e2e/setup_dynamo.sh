@@ -7,7 +7,7 @@ VERSION=1.6.1
 STAMP="$VENV/.kvscope-e2e-ai-dynamo-$VERSION"
 [ -f "$STAMP" ] && exit 0
 echo "e2e: installing ai-dynamo $VERSION into $VENV (ai-dynamo-runtime is a ~75 MB native wheel; with"
-echo "     transformers and the rest the venv takes ~0.5 GB; about a minute here)"
+echo "     transformers and the rest the venv takes ~0.7 GB; about a minute and a half here)"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip

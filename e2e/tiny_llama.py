@@ -33,7 +33,8 @@ def build(folder: Path, weights: bool = True) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
+    if not weights:  # for Dynamo; vLLM's folder stays as it was
+        fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     config = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
