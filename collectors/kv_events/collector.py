@@ -177,8 +177,8 @@ class VllmKvEventsOptions:
     # tokens per block hash for stores whose BlockStored carries no block_size (0 on the wire, as vLLM's
     # offload placeholder events send); a size the events carry always wins. 0 = unknown.
     default_block_size: int = 0
-    # the medium of events that carry none: Dynamo's publishers (its mocker, its vLLM-format relay) send no
-    # medium on their G1 events; "GPU" puts them in G1. "" leaves them unattributed, as vLLM before mediums.
+    # the medium of events that carry none: Dynamo 1.6.1's mocker workers (--zmq-kv-events-ports) send no medium
+    # on their G1 events; "GPU" puts them in G1. "" leaves them unattributed, as vLLM before mediums.
     default_medium: str = ""
 
     def validate(self, path: str) -> None:

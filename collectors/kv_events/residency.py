@@ -119,7 +119,7 @@ class Residency:
     def __init__(self, max_tracked: int, sample_rate: float = 1.0, access: AccessStream | None = None,
                  medium_when_absent: str | None = None) -> None:
         self._max_tracked = max_tracked
-        # the medium of events that carry none (Dynamo's publishers send none; None leaves them unattributed)
+        # the medium of events that carry none (Dynamo's mocker sends none; None leaves them unattributed)
         self._medium_when_absent = medium_when_absent
         self._sample_rate = sample_rate
         self.access = access
