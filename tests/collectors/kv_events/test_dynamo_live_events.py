@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.collectors.kv_events.collector import NAME, VllmKvEventsOptions
 from kvscope.collectors.kv_events.schema import BatchDecoder
 from testkit.kv_zmq import Publisher, Subscribers, subscribers, values, wait_for
 from testkit.paths import FIXTURES
@@ -120,3 +121,10 @@ def test_without_default_medium_they_stay_unattributed(make_sub: Subscribers) ->
     resident = blocks(1, "BlockStored") - blocks(1, "BlockRemoved")
     assert v[("kvscope_kv_resident_blocks", (*lab, "unattributed"))] == resident
     assert v[("kvscope_kv_resident_blocks", (*lab, "G1"))] == 0
+
+
+@pytest.mark.parametrize("medium", ["HBM", "CXL", "gpu0"])
+def test_a_default_medium_kvscope_cannot_place_is_refused(medium: str) -> None:
+    options = VllmKvEventsOptions(endpoint="tcp://127.0.0.1:5557", model="m", default_medium=medium)
+    with pytest.raises(ValueError, match="default_medium: must be GPU, CPU, STORAGE"):
+        options.validate(NAME)
