@@ -111,6 +111,13 @@ def build() -> Dashboard:
                    "{{tier}} stored"),
              Query(f"sum by (tier) (rate(kvscope_kv_blocks_removed_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
                    "{{tier}} removed")], negative=[1]),
+        timeseries_panel("Tokens evicted per tier (engine's count)", (
+            "KV tokens per second the engine freed from each tier by eviction, as the engine counts them "
+            "(kvscope_kv_evicted_tokens_total; SGLang's evicted_tokens_total: G1 slots freed, whether HiCache "
+            "backed them up to host or dropped them). Beside the G1 hit share, a high rate means G1 is too small "
+            "for the reuse the workload has."), "suffix: tokens/s",
+            [Query(f"sum by (tier) (rate(kvscope_kv_evicted_tokens_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
+                   "{{tier}} evicted")], span=24),
     ]
     residency = [
         timeseries_panel("Resident blocks per tier", (

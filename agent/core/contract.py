@@ -77,6 +77,8 @@ KV_CACHED_TOKENS = "kvscope_kv_cached_tokens_total"
 PEER_TRANSFER_BYTES = "kvscope_kv_peer_transfer_bytes_total"
 PEER_TRANSFER_SECONDS = "kvscope_kv_peer_transfer_seconds_total"
 PEER_TRANSFER_FAILURES = "kvscope_kv_peer_transfer_failures_total"
+KV_EVICTED_TOKENS = "kvscope_kv_evicted_tokens_total"
+ENGINE_UNMAPPED_VALUES = "kvscope_engine_unmapped_values_total"
 
 ENGINE_EXTRA_METRICS = (
     counter(KV_TRANSFER_BLOCKS, "blocks", (*_E, "src", "dst"),
@@ -123,4 +125,13 @@ ENGINE_EXTRA_METRICS = (
     histogram(KV_STORE_SECONDS, "seconds", _E,
               "Time of each store of KV from G1 into a connector's tiers, as the connector times it (LMCache store).",
               "engine"),
+    # -- issue 26: SGLang as its pages really speak --
+    counter(KV_EVICTED_TOKENS, "tokens", (*_E, "tier"),
+            "KV tokens freed from the tier by eviction, as the engine counts them (SGLang evicted_tokens_total: "
+            "G1 slots freed, whether HiCache backed them up to host or dropped them).", "engine"),
+    counter(ENGINE_UNMAPPED_VALUES, "", ("engine", "label", "value"),
+            "Scrapes whose page named a value the adapter has no tier for (label=storage_backend: an SGLang "
+            "storage backend missing from its table); the tokens it names are exported as unattributed until "
+            "the adapter's options map it. At most 16 values per collector, the rest as value=\"other\".",
+            "engine"),
 )
