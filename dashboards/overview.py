@@ -117,7 +117,20 @@ def build() -> Dashboard:
             "backed them up to host or dropped them). Beside the G1 hit share, a high rate means G1 is too small "
             "for the reuse the workload has."), "suffix: tokens/s",
             [Query(f"sum by (tier) (rate(kvscope_kv_evicted_tokens_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
-                   "{{tier}} evicted")], span=24),
+                   "{{tier}} evicted")]),
+        timeseries_panel("KV lifetime, idle time before eviction and reuse gap (engine's sample)", (
+            "Medians per tier of what the engine measures on a sample of its chunks or blocks: how long one "
+            "lived from store to eviction (kvscope_kv_lifetime_seconds), how long an evicted one had gone "
+            "untouched (kvscope_kv_idle_before_evict_seconds, dashed) and the time between two uses of the same "
+            "one (kvscope_kv_reuse_gap_seconds). Idle time before eviction well "
+            "under the reuse gap: the tier evicts what would have been reused."), "s",
+            [Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_lifetime_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} lifetime p50"),
+             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_idle_before_evict_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} idle before eviction p50"),
+             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_reuse_gap_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} reuse gap p50")],
+            dashed=[1], log_scale=True),
     ]
     residency = [
         timeseries_panel("Resident blocks per tier", (

@@ -12,7 +12,7 @@ from kvscope.agent.core import contract as c
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading, Sample
 from kvscope.agent.core.tiers import Tier, parse_tier
-from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver
+from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver, page_model
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.sglang_backends import (
     DEFAULT_BACKEND_TIERS,
@@ -25,7 +25,6 @@ from kvscope.collectors.engines.sglang_map import (
     PREFIXES,
     dialect,
     has_hicache,
-    page_model,
     sglang_labels,
     storage_backends,
 )

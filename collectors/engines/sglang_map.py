@@ -104,9 +104,3 @@ def storage_backends(page: ScanResult) -> set[str]:
                 found.add(backend_key(labels["storage_backend"]))
     return found - PLACEHOLDERS
 
-
-def page_model(page: ScanResult) -> str:
-    """The one `model_name` the page's samples carry, or "" when they carry none or several. SGLang's storage
-    and radix-cache collectors label by rank and backend only, so their series borrow the target's model."""
-    models = {labels.get("model_name", "") for rows in page.samples.values() for labels, _ in rows} - {""}
-    return next(iter(models)) if len(models) == 1 else ""
