@@ -6,6 +6,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kvscope.dashboards.panels import (
     ENGINE,
+    HOST,
     TIER,
     Query,
     bargauge_panel,
@@ -83,6 +84,22 @@ def build() -> Dashboard:
                    f" / (sum by (tier) (kvscope:kv_tokens_reaching_tier:rate5m{{{ENGINE}, {TIER}}}) > 0)",
                    "{{tier}}")],
             percent_max=True),
+        timeseries_panel("Routing's predicted G1 hits against the hits the engine got", (
+            "Solid: the share of each routed request's prompt blocks that the KV router expected the chosen "
+            "worker's GPU cache to hold, averaged over requests (kvscope_router_predicted_hit_ratio, Dynamo's "
+            "router_kv_hit_rate). Dashed: the share of prompt tokens the engines actually served from G1, and "
+            "from any tier (kvscope_kv_hit_tokens_total over kvscope_kv_lookup_tokens_total, per token). Predicted "
+            "well above served: the router routes on blocks the workers have evicted (or sees GPU events only "
+            "while hits come from lower tiers)."), "percentunit",
+            [Query("sum by (model) (rate(kvscope_router_predicted_hit_ratio_sum"
+                   f'{{{HOST}, model=~"$model"}}[$__rate_interval])) / (sum by (model) '
+                   "(rate(kvscope_router_predicted_hit_ratio_count"
+                   f'{{{HOST}, model=~"$model"}}[$__rate_interval])) > 0)', "predicted by the router {{model}}"),
+             Query(f'sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}, tier="G1"}}) / (sum by (model) '
+                   f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from G1 {{model}}"),
+             Query(f"sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}}}) / (sum by (model) "
+                   f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from any tier {{model}}")],
+            dashed=[1, 2], percent_max=True, span=24),
     ]
     links = [
         timeseries_panel("KV bytes per link: onboard up, offload down", (

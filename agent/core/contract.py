@@ -81,6 +81,7 @@ KV_EVICTED_TOKENS = "kvscope_kv_evicted_tokens_total"
 KV_LIFETIME_SECONDS = "kvscope_kv_lifetime_seconds"
 KV_IDLE_BEFORE_EVICT_SECONDS = "kvscope_kv_idle_before_evict_seconds"
 KV_REUSE_GAP_SECONDS = "kvscope_kv_reuse_gap_seconds"
+ROUTER_PREDICTED_HIT_RATIO = "kvscope_router_predicted_hit_ratio"
 CONNECTOR_TIER_LOOKUP_BLOCKS = "kvscope_connector_tier_lookup_blocks_total"
 CONNECTOR_TIER_HIT_BLOCKS = "kvscope_connector_tier_hit_blocks_total"
 ENGINE_UNMAPPED_VALUES = "kvscope_engine_unmapped_values_total"
@@ -156,4 +157,11 @@ ENGINE_EXTRA_METRICS = (
     counter(CONNECTOR_TIER_HIT_BLOCKS, "blocks", (*_E, "tier"),
             "KV blocks the connector found in that tier, as a prefix of what it looked up (LMCache MP: L2 prefetch "
             "hit chunks).", "engine"),
+    # -- issue 26: a router's prediction beside the engine's measured hits --
+    histogram(ROUTER_PREDICTED_HIT_RATIO, "ratio", _E,
+              "Per routed request, the share of its prompt blocks the KV router expected the chosen worker's GPU "
+              "cache to hold (Dynamo dynamo_component_router_kv_hit_rate: overlap blocks / input blocks at "
+              "routing time). Set beside kvscope_kv_hit_tokens_total{tier=\"G1\"} of the engine it shows "
+              "predicted hits the engine did not get; the mean is per request, the engine's share per token.",
+              "router"),
 )

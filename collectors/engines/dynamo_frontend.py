@@ -12,6 +12,10 @@ the engine's own lines (`vllm:*`, `sglang:*`) passed through on the same page.
 - `dynamo_frontend_cached_tokens` (`_sum`, builds that have it) → `kvscope_kv_cached_tokens_total` (all tiers);
 - `dynamo_frontend_kv_hit_rate` (the router's predicted overlap with a worker's GPU cache) and the workers'
   `gpu_prefix_cache_hit_rate` → `kvscope_engine_hit_ratio{tier="G1"}`;
+- the KV router's `dynamo_component_router_kv_hit_rate` (a histogram per routed request: overlap blocks / input
+  blocks, buckets 0, 0.05 … 1; Dynamo `lib/llm/src/kv_router/metrics.rs`, `router_` + `frontend_service::KV_HIT_RATE`
+  of `lib/runtime/src/metrics/prometheus_names.rs`) → `kvscope_router_predicted_hit_ratio`, beside the engine's
+  measured G1 hits;
 - `dynamo_frontend_model_total_kv_blocks` × `model_kv_cache_block_size` → `kvscope_tier_capacity_tokens{G1}`;
 - the workers' `gpu_cache_usage_percent` (a 0–1 ratio despite the name; `kvstats_` in some builds) →
   `kvscope_kv_cache_usage_ratio`.
@@ -58,10 +62,12 @@ DIALECT = Dialect(
         Rule("component_kvstats_gpu_prefix_cache_hit_rate", c.ENGINE_HIT_RATIO,
              ("G1", "dynamo_component_kvstats_gpu_prefix_cache_hit_rate")),
     ),
-    histograms=(HistogramRule("frontend_time_to_first_token_seconds", c.TTFT_SECONDS),),
+    histograms=(HistogramRule("frontend_time_to_first_token_seconds", c.TTFT_SECONDS),
+                HistogramRule("component_router_kv_hit_rate", c.ROUTER_PREDICTED_HIT_RATIO)),
 )
 METRICS = (*SCRAPE_METRICS, *(m for m in VLLM_METRICS if m.name in (REQUESTS_FINISHED, USAGE_RATIO)),
-           *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (c.KV_CACHED_TOKENS, c.ENGINE_HIT_RATIO)))
+           *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (c.KV_CACHED_TOKENS, c.ENGINE_HIT_RATIO,
+                                                            c.ROUTER_PREDICTED_HIT_RATIO)))
 
 
 def dynamo_labels(labels: Labels) -> tuple[str, str, str] | None:
