@@ -15,11 +15,11 @@ from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver, page_model
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.sglang_backends import (
-    DEFAULT_BACKEND_TIERS,
     PLACEHOLDERS,
     UNATTRIBUTED,
-    UNTIERED,
     backend_key,
+    backend_tiers,
+    untiered_reason,
 )
 from kvscope.collectors.engines.sglang_map import (
     PREFIXES,
@@ -28,7 +28,7 @@ from kvscope.collectors.engines.sglang_map import (
     sglang_labels,
     storage_backends,
 )
-from kvscope.collectors.engines.vllm_map import USAGE_RATIO, TierTable
+from kvscope.collectors.engines.vllm_map import USAGE_RATIO
 from kvscope.collectors.engines.vllm_metrics import METRICS as VLLM_METRICS
 from kvscope.collectors.scrape.exposition import ScanResult
 from kvscope.collectors.scrape.fetch import Fetcher
@@ -76,9 +76,8 @@ class SglangNormaliser:
 
     def __init__(self, options: SglangOptions, file_tier: str = "G3") -> None:
         self._options = options
-        configured = {backend_key(k): v for k, v in options.storage_backend_tiers.items()}
-        self._configured = frozenset(configured)
-        self._backends = TierTable({**DEFAULT_BACKEND_TIERS, "file": file_tier, **configured})
+        self._configured = frozenset(backend_key(k) for k in options.storage_backend_tiers)
+        self._backends = backend_tiers(options.storage_backend_tiers, file_tier)
         self._token_bytes = float(options.kv_bytes_per_token) or None
         self._unsplit = "G1"
         self._page_storage = UNATTRIBUTED  # the tier of the one backend the page names
@@ -120,11 +119,9 @@ class SglangNormaliser:
             return
         key = backend if backend in self.unmapped or len(self.unmapped) < MAX_UNMAPPED else "other"
         if key not in self.unmapped:
-            known = "an SGLang backend whose place kvscope cannot tell" if backend in UNTIERED else (
-                "a backend kvscope's table does not know")
             log.warning("%s: storage backend %r is %s: its hits and moves are exported as tier 'unattributed'; "
                         "map it with storage_backend_tiers = { %s = \"G3\" } (or G4)", self._options.engine,
-                        backend, known, backend)
+                        backend, untiered_reason(backend), backend)
         self.unmapped[key] = self.unmapped.get(key, 0) + 1
 
     def unmapped_readings(self) -> list[Reading]:

@@ -17,7 +17,10 @@ but kvscope cannot say where they keep KV (a peer GPU, shared memory, a simulato
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from kvscope.collectors.engines.vllm_map import TierTable
 
 UNATTRIBUTED = "unattributed"
 
@@ -69,3 +72,14 @@ def backend_key(value: str) -> str:
 
 DEFAULT_BACKEND_TIERS: dict[str, str] = {b.flag: b.tier or UNATTRIBUTED for b in BACKENDS}
 UNTIERED = frozenset(b.flag for b in BACKENDS if not b.tier)
+
+
+def backend_tiers(configured: Mapping[str, str], file_tier: str) -> TierTable:
+    """Backend (flag name, backend_key) → tier: the defaults, `file` at `file_tier`, then the configured entries."""
+    return TierTable({**DEFAULT_BACKEND_TIERS, "file": file_tier, **{backend_key(k): v for k, v in configured.items()}})
+
+
+def untiered_reason(backend: str) -> str:
+    """Why a backend has no tier, for the warning that says so."""
+    return ("an SGLang backend whose place kvscope cannot tell" if backend in UNTIERED
+            else "a backend kvscope's table does not know")
