@@ -103,7 +103,8 @@ def parse_line(line: bytes | str, labels: LineLabels, storage_tier: Callable[[st
     cached = _count(meta, "cached_tokens")
     received, first_token = _seconds(meta, "request_received_ts"), _seconds(meta, "prefill_finished_time")
     if received is None or first_token is None:
-        raise BadLine("no_timing", "no request_received_ts / prefill_finished_time (SGLang without --enable-metrics)")
+        raise BadLine("no_timing", "no request_received_ts / prefill_finished_time (SGLang without "
+                                   "--enable-metrics, or the request ended before its prefill)")
     if first_token < received:
         raise BadLine("invalid", f"prefill_finished_time {first_token} before request_received_ts {received}")
     forward = _seconds(meta, "forward_entry_time")
