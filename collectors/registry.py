@@ -8,7 +8,7 @@ from kvscope.collectors.engines import dynamo_frontend, dynamo_kvbm, lmcache, sg
 from kvscope.collectors.gpu.nvml import SPEC as NVML_SPEC
 from kvscope.collectors.host import disk, network, process, rdma
 from kvscope.collectors.kv_events import collector as vllm_kv_events
-from kvscope.collectors.requests import otlp_traces
+from kvscope.collectors.requests import otlp_traces, sglang_requests
 from kvscope.collectors.sharedfs import gpfs, lustre, nfs
 
 # Each collector module declares its own SPEC; this table lists them in data-flow order (host sources,
@@ -30,6 +30,7 @@ _SPECS: list[CollectorSpec] = [
     lmcache.SPEC,
     engine_discovery.SPEC,
     otlp_traces.SPEC,
+    sglang_requests.SPEC,
 ]
 
 

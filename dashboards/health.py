@@ -65,8 +65,12 @@ def build() -> Dashboard:
             look=UP),
         timeseries_panel("Engine scrape errors by kind", (
             "Failed scrapes of the engine per second by kind: connect, timeout, http_status, too_large, "
-            "truncated, protocol, duplicate_series (kvscope_scrape_errors_total)."), "cps",
-            [Query(_rate("kvscope_scrape_errors_total", "kind"), "{{kind}}")], span=8),
+            "truncated, protocol, duplicate_series (kvscope_scrape_errors_total); and scrapes whose page named a "
+            "value the adapter has no tier for, by value (kvscope_engine_unmapped_values_total, e.g. an SGLang "
+            "storage backend: its tokens are exported as unattributed until storage_backend_tiers maps it)."), "cps",
+            [Query(_rate("kvscope_scrape_errors_total", "kind"), "{{kind}}"),
+             Query(_rate("kvscope_engine_unmapped_values_total", "label, value"), "no tier for {{label}}={{value}}")],
+            span=8),
         timeseries_panel("Prometheus scraping kvscope", (
             "1 while Prometheus' last scrape of the agent's /metrics succeeded (Prometheus' own `up` series "
             "of the kvscope job)."), "bool_yes_no",

@@ -6,6 +6,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kvscope.dashboards.panels import (
     ENGINE,
+    HOST,
     TIER,
     Query,
     bargauge_panel,
@@ -83,6 +84,22 @@ def build() -> Dashboard:
                    f" / (sum by (tier) (kvscope:kv_tokens_reaching_tier:rate5m{{{ENGINE}, {TIER}}}) > 0)",
                    "{{tier}}")],
             percent_max=True),
+        timeseries_panel("Routing's predicted G1 hits against the hits the engine got", (
+            "Solid: the share of each routed request's prompt blocks that the KV router expected the chosen "
+            "worker's GPU cache to hold, averaged over requests (kvscope_router_predicted_hit_ratio, Dynamo's "
+            "router_kv_hit_rate). Dashed: the share of prompt tokens the engines actually served from G1, and "
+            "from any tier (kvscope_kv_hit_tokens_total over kvscope_kv_lookup_tokens_total, per token). Predicted "
+            "well above served: the router routes on blocks the workers have evicted (or sees GPU events only "
+            "while hits come from lower tiers)."), "percentunit",
+            [Query("sum by (model) (rate(kvscope_router_predicted_hit_ratio_sum"
+                   f'{{{HOST}, model=~"$model"}}[$__rate_interval])) / (sum by (model) '
+                   "(rate(kvscope_router_predicted_hit_ratio_count"
+                   f'{{{HOST}, model=~"$model"}}[$__rate_interval])) > 0)', "predicted by the router {{model}}"),
+             Query(f'sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}, tier="G1"}}) / (sum by (model) '
+                   f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from G1 {{model}}"),
+             Query(f"sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}}}) / (sum by (model) "
+                   f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from any tier {{model}}")],
+            dashed=[1, 2], percent_max=True, span=24),
     ]
     links = [
         timeseries_panel("KV bytes per link: onboard up, offload down", (
@@ -111,6 +128,26 @@ def build() -> Dashboard:
                    "{{tier}} stored"),
              Query(f"sum by (tier) (rate(kvscope_kv_blocks_removed_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
                    "{{tier}} removed")], negative=[1]),
+        timeseries_panel("Tokens evicted per tier (engine's count)", (
+            "KV tokens per second the engine freed from each tier by eviction, as the engine counts them "
+            "(kvscope_kv_evicted_tokens_total; SGLang's evicted_tokens_total: G1 slots freed, whether HiCache "
+            "backed them up to host or dropped them). Beside the G1 hit share, a high rate means G1 is too small "
+            "for the reuse the workload has."), "suffix: tokens/s",
+            [Query(f"sum by (tier) (rate(kvscope_kv_evicted_tokens_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
+                   "{{tier}} evicted")]),
+        timeseries_panel("KV lifetime, idle time before eviction and reuse gap (engine's sample)", (
+            "Medians per tier of what the engine measures on a sample of its chunks or blocks: how long one "
+            "lived from store to eviction (kvscope_kv_lifetime_seconds), how long an evicted one had gone "
+            "untouched (kvscope_kv_idle_before_evict_seconds, dashed) and the time between two uses of the same "
+            "one (kvscope_kv_reuse_gap_seconds). Idle time before eviction well "
+            "under the reuse gap: the tier evicts what would have been reused."), "s",
+            [Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_lifetime_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} lifetime p50"),
+             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_idle_before_evict_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} idle before eviction p50"),
+             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_reuse_gap_seconds_bucket"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} reuse gap p50")],
+            dashed=[1], log_scale=True),
     ]
     residency = [
         timeseries_panel("Resident blocks per tier", (

@@ -42,6 +42,7 @@ def request_line(result: AttributedRequest) -> dict[str, Any]:
         "request_id": record.request_id, "source": record.source, "engine": record.engine,
         "model": record.model, "dp_rank": record.dp_rank, "arrival": record.arrival,
         "ttft": num(record.ttft), "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
+        "tier_tokens": record.tier_tokens,
         "components": {name: {"seconds": num(p.seconds), "method": p.method} for name, p in attribution.parts.items()},
         "errors": {kind: num(getattr(attribution, kind)) for kind in ERROR_KINDS},
         "prefill_saved": num(result.prefill_saved), "ttft_without_cache": num(result.ttft_without_cache),

@@ -77,6 +77,14 @@ KV_CACHED_TOKENS = "kvscope_kv_cached_tokens_total"
 PEER_TRANSFER_BYTES = "kvscope_kv_peer_transfer_bytes_total"
 PEER_TRANSFER_SECONDS = "kvscope_kv_peer_transfer_seconds_total"
 PEER_TRANSFER_FAILURES = "kvscope_kv_peer_transfer_failures_total"
+KV_EVICTED_TOKENS = "kvscope_kv_evicted_tokens_total"
+KV_LIFETIME_SECONDS = "kvscope_kv_lifetime_seconds"
+KV_IDLE_BEFORE_EVICT_SECONDS = "kvscope_kv_idle_before_evict_seconds"
+KV_REUSE_GAP_SECONDS = "kvscope_kv_reuse_gap_seconds"
+ROUTER_PREDICTED_HIT_RATIO = "kvscope_router_predicted_hit_ratio"
+CONNECTOR_TIER_LOOKUP_BLOCKS = "kvscope_connector_tier_lookup_blocks_total"
+CONNECTOR_TIER_HIT_BLOCKS = "kvscope_connector_tier_hit_blocks_total"
+ENGINE_UNMAPPED_VALUES = "kvscope_engine_unmapped_values_total"
 
 ENGINE_EXTRA_METRICS = (
     counter(KV_TRANSFER_BLOCKS, "blocks", (*_E, "src", "dst"),
@@ -125,4 +133,37 @@ ENGINE_EXTRA_METRICS = (
     histogram(KV_STORE_SECONDS, "seconds", _E,
               "Time of each store of KV from G1 into a connector's tiers, as the connector times it (LMCache store).",
               "engine"),
+    # -- issue 26: SGLang as its pages really speak --
+    counter(KV_EVICTED_TOKENS, "tokens", (*_E, "tier"),
+            "KV tokens freed from the tier by eviction, as the engine counts them (SGLang evicted_tokens_total: "
+            "G1 slots freed, whether HiCache backed them up to host or dropped them).", "engine"),
+    counter(ENGINE_UNMAPPED_VALUES, "", ("engine", "label", "value"),
+            "Scrapes whose page named a value the adapter has no tier for (label=storage_backend: an SGLang "
+            "storage backend missing from its table); the tokens it names are exported as unattributed until "
+            "the adapter's options map it. At most 16 values per collector, the rest as value=\"other\".",
+            "engine"),
+    # -- issue 26: LMCache's multiprocess mode, eviction and reuse as the engine measures them --
+    histogram(KV_LIFETIME_SECONDS, "seconds", (*_E, "tier"),
+              "How long a KV chunk or block lived in the tier, from its store to its eviction, as the engine "
+              "measures it on a sample of them (LMCache MP: l1_chunk_lifetime G2, l0_block_lifetime G1).", "engine"),
+    histogram(KV_IDLE_BEFORE_EVICT_SECONDS, "seconds", (*_E, "tier"),
+              "How long an evicted KV chunk or block had gone untouched before the tier evicted it, as the engine "
+              "measures it (LMCache MP). Short idle times under eviction: the tier is too small for the reuse.",
+              "engine"),
+    histogram(KV_REUSE_GAP_SECONDS, "seconds", (*_E, "tier"),
+              "Time between consecutive uses of the same KV chunk or block in the tier, as the engine measures it "
+              "(LMCache MP); kvscope's own reuse distances come from the KV events.", "engine"),
+    counter(CONNECTOR_TIER_LOOKUP_BLOCKS, "blocks", (*_E, "tier"),
+            "KV blocks the connector looked up in that tier, in its own block unit (LMCache MP: chunks of its "
+            "chunk_size tokens looked up in L2 by prefetch).", "engine"),
+    counter(CONNECTOR_TIER_HIT_BLOCKS, "blocks", (*_E, "tier"),
+            "KV blocks the connector found in that tier, as a prefix of what it looked up (LMCache MP: L2 prefetch "
+            "hit chunks).", "engine"),
+    # -- issue 26: a router's prediction beside the engine's measured hits --
+    histogram(ROUTER_PREDICTED_HIT_RATIO, "ratio", _E,
+              "Per routed request, the share of its prompt blocks the KV router expected the chosen worker's GPU "
+              "cache to hold (Dynamo dynamo_component_router_kv_hit_rate: overlap blocks / input blocks at "
+              "routing time). Set beside kvscope_kv_hit_tokens_total{tier=\"G1\"} of the engine it shows "
+              "predicted hits the engine did not get; the mean is per request, the engine's share per token.",
+              "router"),
 )

@@ -45,6 +45,9 @@ class RequestRecord:
     queue: float | None = None  # measured queue time
     prefill: float | None = None  # measured prefill time (vLLM: first schedule -> first token)
     fetches: tuple[TierFetch, ...] = ()  # reused tokens by tier below G1, where the source says
+    # reused tokens G1 itself served (nothing to fetch), where the source splits hits by tier (SGLang's
+    # cached_tokens_details); None: the source does not say
+    g1_tokens: int | None = None
     fetch_seconds: float | None = None  # measured total fetch time (reference pipeline)
     # measured offload (evictions, stores down) between the first schedule and the first token, i.e. inside
     # the prefill phase (reference pipeline); None: the source does not say
@@ -57,6 +60,22 @@ class RequestRecord:
     # trace exporter makes its attribution span a child of it
     trace_id: bytes | None = None
     span_id: bytes | None = None
+
+    @property
+    def nothing_fetched(self) -> bool:
+        """Whether the source says that no reused token came from below G1: none reused, or all of them G1's."""
+        return self.cached_tokens == 0 or (not self.fetches and self.g1_tokens is not None
+                                           and self.g1_tokens == self.cached_tokens)
+
+    @property
+    def tier_tokens(self) -> dict[str, int] | None:
+        """Reused tokens by the tier that served them (G1 included), where the source splits them; else None."""
+        if self.g1_tokens is None and not self.fetches:
+            return None
+        out = {} if self.g1_tokens is None else {"G1": self.g1_tokens}
+        for fetch in self.fetches:
+            out[fetch.tier] = out.get(fetch.tier, 0) + fetch.tokens
+        return out
 
     @property
     def new_tokens(self) -> int | None:

@@ -60,6 +60,8 @@ class HistogramRule:
     extra: Extra = ()
     unit: str = ""  # scales bucket edges and the sum
     shards: Literal["lowest", "sum"] = "lowest"
+    label: str = ""  # engine label whose value gives more extra labels (or skips the sample) through `resolve`
+    resolve: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +160,19 @@ class EngineNormaliser:
 
     def _histogram(self, page: ScanResult, hist: HistogramRule, factor: float,
                    lowest: Mapping[tuple[str, str], str], out: Normalised) -> list[Reading]:
+        resolver = self._resolvers[hist.resolve] if hist.resolve else None
+
         def series(part: str) -> dict[tuple[str, ...], list[tuple[Labels, float]]]:
+            """Samples by (engine, model, dp_rank, shard, *resolved extra labels)."""
             grouped: dict[tuple[str, ...], list[tuple[Labels, float]]] = {}
             for labels, value in self._samples(page, f"{hist.name}_{part}"):
                 base = self._base_of(labels)
                 if base is None or (hist.shards == "lowest" and lowest.get(base[:2]) != base[2]):
                     continue
-                grouped.setdefault((self.engine, base[0], base[1], base[2]), []).append((labels, value))
+                resolved = resolver(labels.get(hist.label, "")) if resolver is not None else ((), 0)
+                if resolved is not None:
+                    key = (self.engine, base[0], base[1], base[2], *resolved[0])
+                    grouped.setdefault(key, []).append((labels, value))
             return grouped
 
         sums = {k: sum(v for _, v in rows) for k, rows in series("sum").items()}
@@ -179,7 +187,7 @@ class EngineNormaliser:
                 except (KeyError, ValueError):
                     edge = math.nan
                 buckets[edge] = buckets.get(edge, 0.0) + value
-            target = (*key[:3], *hist.extra)
+            target = (*key[:3], *hist.extra, *key[4:])
             into = merged.setdefault(target, {})
             if into and set(into) != set(buckets):  # shards summed must share their edges
                 out.dropped += 1
@@ -210,3 +218,10 @@ def histogram_reading(metric: str, labels: tuple[str, ...], buckets: list[tuple[
             or not all(math.isfinite(n) for n in cumulative) or count != cumulative[-1]):
         return None
     return HistogramSample(metric, labels, tuple(buckets), total, count)
+
+
+def page_model(page: ScanResult, label: str = "model_name") -> str:
+    """The one model the page's samples name in `label`, or "" when they name none or several: for engines whose
+    collectors label some series by rank or backend only, so that those take the target's model."""
+    models = {labels.get(label, "") for rows in page.samples.values() for labels, _ in rows} - {""}
+    return next(iter(models)) if len(models) == 1 else ""

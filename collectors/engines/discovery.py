@@ -3,12 +3,13 @@ and scrape them through their ordinary adapters.
 
 Once at start and then every `reprobe_interval_seconds`, each candidate URL is fetched (all in parallel, each
 within `probe_timeout_seconds`) and identified by the names it serves (`identify`): `vllm:` → vllm, `sglang:` or
-`sglang_` → sglang, `lmcache:` → lmcache, `kvbm_` (or `dynamo_component_*` in the `kvbm_connector_leader`
-namespace) → dynamo_kvbm, other `dynamo_frontend_*` / `dynamo_component_*` → dynamo. A page can be several (a
-Dynamo worker serves `dynamo_component_*` and its engine's `vllm:*`; vLLM's page can carry LMCache's). For each
-kind found, the kind's own collector (the same class `[collectors.<kind>]` builds) is made with the URLs found
-and its defaults, and every collection runs it: the adapters' series and health series are the ones an explicit
-configuration gives. What was found is logged when it changes and exported as `kvscope_engine_discovered_info`.
+`sglang_` → sglang, `lmcache:` or `lmcache_mp_` → lmcache, `kvbm_` (or `dynamo_component_*` in the
+`kvbm_connector_leader` namespace) → dynamo_kvbm, other `dynamo_frontend_*` / `dynamo_component_*` → dynamo. A page
+can be several (a Dynamo worker serves `dynamo_component_*` and its engine's `vllm:*`; vLLM's page can carry
+LMCache's). For each kind found, the kind's own collector (the same class `[collectors.<kind>]` builds) is made
+with the URLs found and its defaults, and every collection runs it: the adapters' series and health series are the
+ones an explicit configuration gives. What was found is logged when it changes and exported as
+`kvscope_engine_discovered_info`.
 
 Explicit configuration wins: when config enables any engine adapter, this collector probes nothing and reports
 nothing (it says so once in the log). Beyond the adapters' defaults it passes on what the pages themselves say:
@@ -47,7 +48,7 @@ DISCOVERED = "kvscope_engine_discovered_info"
 # the engine adapters: config enabling any of them turns autodetection off
 ENGINE_COLLECTORS = frozenset({"vllm", "vllm_kv_events", "dynamo", "dynamo_kvbm", "sglang", "lmcache"})
 KINDS = ("vllm", "sglang", "lmcache", "dynamo", "dynamo_kvbm")
-PREFIXES = ("vllm:", "sglang:", "sglang_", "lmcache:", "kvbm_", "dynamo_")
+PREFIXES = ("vllm:", "sglang:", "sglang_", "lmcache:", "lmcache_mp_", "kvbm_", "dynamo_")
 DEFAULT_CANDIDATES = [
     "http://127.0.0.1:8000/metrics",  # vLLM's API server, or the Dynamo frontend
     "http://127.0.0.1:8081/metrics",  # a Dynamo worker's system port (its engine's lines pass through)
@@ -89,7 +90,7 @@ def identify(page: ScanResult) -> set[str]:
             kinds.add("vllm")
         elif name.startswith(("sglang:", "sglang_")):
             kinds.add("sglang")
-        elif name.startswith("lmcache:"):
+        elif name.startswith(("lmcache:", "lmcache_mp_")):
             kinds.add("lmcache")
         elif name.startswith("kvbm_"):
             kinds.add("dynamo_kvbm")

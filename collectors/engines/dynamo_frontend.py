@@ -13,6 +13,10 @@ the engine's own lines (`vllm:*`, `sglang:*`) passed through on the same page.
   (a live 1.6.1 frontend's equals its router's `kv_selected_cached_prefix_tokens_total`), not an engine's hits;
 - `dynamo_frontend_kv_hit_rate` (older builds; 1.6.1 serves none) and the workers' `gpu_prefix_cache_hit_rate`
   → `kvscope_engine_hit_ratio{tier="G1"}`;
+- the KV router's `dynamo_component_router_kv_hit_rate` (a histogram per routed request: overlap blocks / input
+  blocks, buckets 0, 0.05 … 1; Dynamo `lib/llm/src/kv_router/metrics.rs`, `router_` + `frontend_service::KV_HIT_RATE`
+  of `lib/runtime/src/metrics/prometheus_names.rs`) → `kvscope_router_predicted_hit_ratio`, beside the engine's
+  measured G1 hits;
 - `dynamo_frontend_model_total_kv_blocks` × `model_kv_cache_block_size` → `kvscope_tier_capacity_tokens{G1}`:
   one worker's G1 (each worker serving the model has as many), not the sum over workers;
 - the workers' `gpu_cache_usage_percent` (a 0–1 ratio despite the name; `kvstats_` in some builds; 1.6.1's
@@ -32,7 +36,14 @@ from dataclasses import dataclass
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Sample
-from kvscope.collectors.engines.contract_map import Dialect, EngineNormaliser, HistogramRule, Normalised, Rule
+from kvscope.collectors.engines.contract_map import (
+    Dialect,
+    EngineNormaliser,
+    HistogramRule,
+    Normalised,
+    Rule,
+    page_model,
+)
 from kvscope.collectors.engines.kvbm_map import LEGACY_NAMESPACE
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.vllm_map import REQUESTS_FINISHED, USAGE_RATIO
@@ -61,17 +72,20 @@ DIALECT = Dialect(
         Rule("component_kvstats_gpu_prefix_cache_hit_rate", c.ENGINE_HIT_RATIO,
              ("G1", "dynamo_component_kvstats_gpu_prefix_cache_hit_rate")),
     ),
-    histograms=(HistogramRule("frontend_time_to_first_token_seconds", c.TTFT_SECONDS),),
+    histograms=(HistogramRule("frontend_time_to_first_token_seconds", c.TTFT_SECONDS),
+                HistogramRule("component_router_kv_hit_rate", c.ROUTER_PREDICTED_HIT_RATIO)),
 )
 METRICS = (*SCRAPE_METRICS, *(m for m in VLLM_METRICS if m.name in (REQUESTS_FINISHED, USAGE_RATIO)),
-           *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (c.KV_CACHED_TOKENS, c.ENGINE_HIT_RATIO)))
+           *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (c.KV_CACHED_TOKENS, c.ENGINE_HIT_RATIO,
+                                                            c.ROUTER_PREDICTED_HIT_RATIO)))
 
 
-def dynamo_labels(labels: Labels) -> tuple[str, str, str] | None:
-    """(model, dp_rank, shard) of a Dynamo series; None for KVBM's namespace (the dynamo_kvbm adapter's)."""
+def dynamo_labels(labels: Labels, page_model: str = "") -> tuple[str, str, str] | None:
+    """(model, dp_rank, shard) of a Dynamo series; None for KVBM's namespace (the dynamo_kvbm adapter's). A series
+    that names no model (the router's, on a frontend page) takes the page's one model, `page_model`."""
     if labels.get("dynamo_namespace") == LEGACY_NAMESPACE:
         return None
-    return labels.get("model") or labels.get("model_name", ""), labels.get("dp_rank", "0"), "0"
+    return labels.get("model") or labels.get("model_name") or page_model, labels.get("dp_rank", "0"), "0"
 
 
 @dataclass
@@ -85,9 +99,12 @@ class DynamoOptions(ScrapeOptions):
 class DynamoNormaliser:
     def __init__(self, engine: str) -> None:
         self.engine = engine
-        self._rules = EngineNormaliser(engine, DIALECT, dynamo_labels, {"verbatim": lambda v: ((v,), 0)})
+        self._page_model = ""
+        self._rules = EngineNormaliser(engine, DIALECT, lambda labels: dynamo_labels(labels, self._page_model),
+                                       {"verbatim": lambda v: ((v,), 0)})
 
     def normalise(self, page: ScanResult) -> Normalised:
+        self._page_model = page_model(page, "model") or page_model(page)
         out = self._rules.normalise(page)
         blocks = {dynamo_labels(lb): v for lb, v in page.samples.get(PREFIX + TOTAL_BLOCKS, ())}
         for labels, size in page.samples.get(PREFIX + BLOCK_SIZE, ()):

@@ -30,6 +30,7 @@ from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading, Sample
 from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised
 from kvscope.collectors.engines.kvbm_map import LEGACY_PREFIX, PREFIX, KvbmLabels, dialect
+from kvscope.collectors.engines.kvbm_staging import StagedHits
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.vllm_metrics import check_url
 from kvscope.collectors.scrape.exposition import ExpositionScanner, ScanResult
@@ -98,6 +99,7 @@ class KvbmCollector:
         self._fetch: Fetcher = fetch or http_fetch
         self._placement: Placement | None = None
         self._normaliser: EngineNormaliser | None = None
+        self._staged = StagedHits()
         self._block_tokens, self._block_source = options.block_tokens, "config" if options.block_tokens else ""
         self._geometry = geometry_scanner()
         self._geometry_failed = False
@@ -149,11 +151,14 @@ class KvbmCollector:
             log.info("KVBM block size: %d tokens, learned from %s", size, url)
 
     def _normalise(self, url: str, page: ScanResult) -> Normalised:
-        assert self._normaliser is not None  # made by _place() before every scrape
+        assert self._normaliser is not None and self._placement is not None  # made by _place() before a scrape
         tokens = self._block_tokens or None
         per_token = self._options.kv_bytes_per_token or None
-        factors = {"block_tokens": tokens, "block_bytes": tokens * per_token if tokens and per_token else None}
-        return self._normaliser.normalise(page, factors)
+        factors = {"block_tokens": tokens, "staged_block_tokens": -tokens if tokens else None,
+                   "block_bytes": tokens * per_token if tokens and per_token else None}
+        normalised = self._normaliser.normalise(page, factors)
+        normalised.readings = self._staged.apply(normalised.readings, self._placement.tier.value)
+        return normalised
 
 
 def _factory(options: KvbmOptions, context: CollectorContext) -> KvbmCollector:

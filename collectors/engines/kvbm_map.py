@@ -11,7 +11,9 @@ storage. "disk" is KVBM's one disk pool, placed in G3 or G4 at run time (collect
   byte counters (`offload_bytes_object`, `onboard_bytes_object`, newer builds) are used where present.
 - Hits per tier: an onboarded block is a block KVBM found in that tier and brought to the GPU, so
   onboard `h2d` blocks × block_tokens are G2 hits, `d2d` disk hits, `o2d` object (G4) hits. G1 hits
-  are vLLM's own prefix cache (the vLLM adapter). `matched_tokens` is KVBM's total over its tiers.
+  are vLLM's own prefix cache (the vLLM adapter). `matched_tokens` is KVBM's total over its tiers. Newer
+  builds' `onboard_blocks_d2h` (disk hits staged on host memory, then counted again by `h2d`) are disk
+  hits and come off G2's (collectors/engines/kvbm_staging.py).
 - The sliding-window hit-rate gauges are exported as what they are (`kvscope_engine_hit_ratio`).
 - Older builds emitted the same names as `dynamo_component_<name>{dynamo_namespace="kvbm_connector_leader"}`
   on the worker's system port; both forms are read.
@@ -41,6 +43,10 @@ LINKS: dict[str, tuple[str, str]] = {
 }
 # onboarded blocks are hits of the tier they came from
 HIT_TIERS: dict[str, str] = {"onboard_blocks_h2d": "G2", "onboard_blocks_d2d": DISK, "onboard_blocks_o2d": "G4"}
+# newer builds stage a disk hit on host memory before promoting it to the GPU: the staged block is a disk hit,
+# and onboard_blocks_h2d counts it again when it is promoted, so it comes off G2's hits (kvbm_staging.py holds
+# that difference monotone while a staged block waits for its promotion)
+STAGED = "onboard_blocks_d2h"
 HIT_RATES: dict[str, str] = {"host_cache_hit_rate": "G2", "disk_cache_hit_rate": DISK,
                              "object_cache_hit_rate": "G4"}
 OBJECT_BYTES: dict[str, str] = {"offload_bytes_object": "offload_blocks_d2o",
@@ -63,6 +69,8 @@ def dialect(disk_tier: str) -> Dialect:
         counters.append(Rule(name, c.KV_TRANSFER_BYTES, tuple(tier(t) for t in LINKS[blocks]),
                              group=f"object:{name}", rank=0))
     counters.extend(Rule(name, c.KV_HIT_TOKENS, (tier(t),), unit="block_tokens") for name, t in HIT_TIERS.items())
+    counters.append(Rule(STAGED, c.KV_HIT_TOKENS, (disk_tier,), unit="block_tokens"))
+    counters.append(Rule(STAGED, c.KV_HIT_TOKENS, ("G2",), unit="staged_block_tokens"))
     counters.append(Rule("matched_tokens", c.CONNECTOR_HIT_TOKENS))
     counters.extend(Rule(name, c.KV_TRANSFER_FAILED_BLOCKS, link) for name, link in FAILURES.items())
     gauges = tuple(Rule(name, c.ENGINE_HIT_RATIO, (tier(t), PREFIX + name)) for name, t in HIT_RATES.items())

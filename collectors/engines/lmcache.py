@@ -17,6 +17,8 @@ come from the lowest worker and byte counts and usages are summed over workers.
 - `retrieve_hit_rate`, `lookup_hit_rate` ("since last log") → `kvscope_engine_hit_ratio{tier="all"}`;
 - `num_prompt_tokens`, `num_vllm_hit_tokens` → lookups, prompt tokens and G1 hits, with `engine_totals` only.
 
+LMCache's multiprocess mode (`lmcache_mp_*`, its MP server's page) is read beside it: collectors/engines/lmcache_mp.py.
+
 No double counting: vLLM's adapter already counts every prompt token and the G1 hits from vLLM's own series,
 so LMCache's copies of them are read only when LMCache's page is all there is (`engine_totals`). LMCache's hits
 are vLLM's connector hits (`external_prefix_cache_hits`), which the vLLM adapter reports as `unattributed`
@@ -26,14 +28,25 @@ until its pending `connector` option leaves them to this adapter (docs/engines.m
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
-from kvscope.collectors.engines.contract_map import Dialect, EngineNormaliser, HistogramRule, Rule
+from kvscope.agent.core.tiers import parse_tier
+from kvscope.collectors.engines.contract_map import (
+    Dialect,
+    EngineNormaliser,
+    HistogramRule,
+    Normalised,
+    Rule,
+    page_model,
+)
+from kvscope.collectors.engines.lmcache_mp import DEFAULT_L2_TIERS, L2, L2_LOAD, mp_dialect
+from kvscope.collectors.engines.lmcache_mp import PREFIX as MP_PREFIX
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
-from kvscope.collectors.scrape.exposition import Labels
+from kvscope.collectors.engines.vllm_map import TierTable
+from kvscope.collectors.scrape.exposition import Labels, ScanResult
 from kvscope.collectors.scrape.fetch import Fetcher
 from kvscope.collectors.sharedfs.placement import place_pool
 
@@ -42,7 +55,8 @@ PREFIX = "lmcache:"
 POOL = "lmcache_local_disk"
 METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
     c.CONNECTOR_LOOKUP_TOKENS, c.CONNECTOR_HIT_TOKENS, c.ENGINE_HIT_RATIO, c.KV_LOAD_SECONDS, c.KV_STORE_SECONDS,
-    c.TIER_PLACEMENT_INFO)))
+    c.TIER_PLACEMENT_INFO, c.KV_TRANSFER_BANDWIDTH, c.KV_LIFETIME_SECONDS, c.KV_IDLE_BEFORE_EVICT_SECONDS,
+    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)))
 
 
 def dialect(hit_tier: str, disk_tier: str, remote_tier: str, engine_totals: bool) -> Dialect:
@@ -83,9 +97,16 @@ class LmcacheOptions(ScrapeOptions):
     local_disk_dir: str = ""  # the local_disk backend's path: its tier by the mount's type ("" = G3)
     mountinfo: str = "self/mountinfo"  # below agent.proc_root unless absolute
     engine_totals: bool = False  # also read prompt tokens and G1 hits (only when no vLLM adapter reads the engine)
+    # MP mode: L2 adapter (l2_name) → tier, over the defaults (fs G3, nixl_store and mooncake_store G4)
+    l2_tiers: dict[str, str] = field(default_factory=dict)
 
     def validate(self, path: str) -> None:
         self.check_scrape(NAME)
+        for name, tier in self.l2_tiers.items():
+            try:
+                parse_tier(tier)
+            except ValueError as exc:
+                raise ValueError(f"l2_tiers.{name}: {exc}") from None
         if self.local_disk_dir and not os.path.isabs(self.local_disk_dir):
             raise ValueError(f"local_disk_dir: must be an absolute path, got {self.local_disk_dir!r}")
 
@@ -96,9 +117,44 @@ class LmcacheCollector(EngineCollector):
         table = dialect(options.hit_tier, placement.tier.value if placement else "G3", options.remote_tier,
                         options.engine_totals)
         normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
-        super().__init__(PageScraper(NAME, options.urls, (PREFIX,), table.wanted(),
-                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
-                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
+        mp = MpNormaliser(options)
+
+        def normalise(_url: str, page: ScanResult) -> Normalised:
+            ours, theirs = normaliser.normalise(page), mp.normalise(page)
+            return Normalised([*ours.readings, *theirs.readings], ours.dropped + theirs.dropped)
+
+        super().__init__(PageScraper(NAME, options.urls, (PREFIX, MP_PREFIX), table.wanted() | mp.wanted,
+                                     normalise, options.scrape_timeout_seconds, options.max_response_bytes, fetch),
+                         options.engine, POOL, placement)
+
+
+class MpNormaliser:
+    """The `lmcache_mp_` family: L2 tiers by `l2_name`; series without `model_name` take the page's model, and
+    L2's unlabelled prefetch counters the tier of the one L2 adapter the page names (else unattributed)."""
+
+    def __init__(self, options: LmcacheOptions) -> None:
+        self._options = options
+        self._tiers = TierTable({**DEFAULT_L2_TIERS, **options.l2_tiers})
+        self._model = ""
+        self._resolvers = {L2: lambda v: ((self._tiers(v),), 0), L2_LOAD: lambda v: ((self._tiers(v), "G2"), 0)}
+        self._normalisers: dict[str, EngineNormaliser] = {}
+        self.wanted = mp_dialect("unattributed", "unattributed").wanted()
+
+    def _labels(self, labels: Labels) -> tuple[str, str, str]:
+        return labels.get("model_name") or self._model, "0", "0"  # one MP server: no shards of its own
+
+    def normalise(self, page: ScanResult) -> Normalised:
+        if not any(name.startswith(MP_PREFIX) and rows for name, rows in page.samples.items()):
+            return Normalised()
+        self._model = page_model(page)
+        adapters = {labels["l2_name"] for name, rows in page.samples.items() if name.startswith(MP_PREFIX)
+                    for labels, _ in rows if labels.get("l2_name")}
+        l2_tier = self._tiers(next(iter(adapters))) if len(adapters) == 1 else "unattributed"
+        normaliser = self._normalisers.get(l2_tier)
+        if normaliser is None:
+            normaliser = self._normalisers[l2_tier] = EngineNormaliser(
+                self._options.engine, mp_dialect(self._options.hit_tier, l2_tier), self._labels, self._resolvers)
+        return normaliser.normalise(page)
 
 
 def _factory(options: LmcacheOptions, context: CollectorContext) -> LmcacheCollector:
@@ -108,7 +164,8 @@ def _factory(options: LmcacheOptions, context: CollectorContext) -> LmcacheColle
 SPEC = CollectorSpec(
     name=NAME,
     description="LMCache lmcache:* series (connector lookups and hits, remote bytes and times, usage per backend, "
-                "retrieve/store times) on vLLM's /metrics or LMCache's API server",
+                "retrieve/store times) on vLLM's /metrics or LMCache's API server, and lmcache_mp_* of its "
+                "multiprocess server (L1/L2 lookups, hits, usage, throughput, chunk lifetimes)",
     options=LmcacheOptions,
     factory=_factory,
     metrics=METRICS,

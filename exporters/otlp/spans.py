@@ -73,6 +73,8 @@ def request_attributes(result: AttributedRequest) -> dict[str, AttributeValue]:
         error = getattr(attribution, kind)
         if error:
             attrs[f"kvscope.ttft.error.{kind}.seconds"] = error
+    if record.g1_tokens is not None:
+        attrs["kvscope.kv.G1.tokens"] = record.g1_tokens
     for fetch in record.fetches:
         attrs[f"kvscope.kv.{fetch.tier}.tokens"] = fetch.tokens
         if fetch.bytes is not None:

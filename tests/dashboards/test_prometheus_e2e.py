@@ -9,7 +9,9 @@ What runs, all on 127.0.0.1:
   KVSCOPE_* variables, plus a correlation path for G4 (the disk under the test's temporary folder);
 - a second agent for the hardware this machine lacks: host collectors on the captured and constructed
   /proc and /sys trees of tests/fixtures (NVMe, NICs, RDMA ports, NFS and Lustre mounts) and the NVML
-  collector on a recorded H200 (tests/fixtures/nvml);
+  collector on a recorded H200 (tests/fixtures/nvml); and the engines that need a GPU (SGLang with a
+  storage backend its table does not know, LMCache's multiprocess server, a Dynamo frontend with its KV
+  router), as their fixture pages served over HTTP, growing with every scrape (testkit/growing_pages.py);
 - Prometheus with deploy/prometheus/prometheus.yml, changed only where a test must: loopback targets, 1 s
   scrape and evaluation intervals, and a copy of dashboards/rules whose alerts hold for 1 s instead of
   minutes (promtool's unit tests check the real `for`) and whose site file gives G4 the read bandwidth of
@@ -49,6 +51,7 @@ from kvscope.collectors.gpu.nvml import NvmlCollector
 from kvscope.collectors.host.inputs import block_device_of
 from kvscope.dashboards.build import DASHBOARDS
 from testkit.environment import require_tool
+from testkit.growing_pages import growing_server
 from testkit.http import free_port
 from testkit.nvml_replay import NvmlReplay
 from testkit.paths import FIXTURES, ROOT
@@ -78,8 +81,24 @@ def _host_tree(tmp: Path) -> Path:
     return root
 
 
-def _hardware_agent(tmp: Path) -> Agent:
+ENGINE_PAGES = {  # path → (collector, fixture page): what the GPU engines would serve
+    "/sglang": ("sglang", "sglang/hicache-nixl-current-tp1.prom"),
+    "/lmcache": ("lmcache", "lmcache/mp-server-two-tenants-fs.prom"),
+    "/dynamo": ("dynamo", "dynamo/frontend-router-kv-hit-rate.prom"),
+}
+
+
+def _engine_pages() -> dict[str, str]:
+    pages = {path: (FIXTURES / name).read_text() for path, (_, name) in ENGINE_PAGES.items()}
+    # a backend SGLang names that kvscope's table does not know: its warning's counter has data
+    pages["/sglang"] = pages["/sglang"].replace("HiCacheNixl", "AcmeKV").replace('"nixl"', '"acme"')
+    return pages
+
+
+def _hardware_agent(tmp: Path, engines: str) -> Agent:
     root = _host_tree(tmp)
+    sections = "".join(f'[collectors.{collector}]\nenabled = true\nurls = ["{engines}{path}"]\n'
+                       for path, (collector, _) in ENGINE_PAGES.items())
     text = f"""\
 [agent]
 interval = 0.5
@@ -94,7 +113,7 @@ pcie = "throughput"
 pcie_poll_seconds = 0
 [analyses.correlation]
 enabled = false
-"""
+{sections}"""
     recording = json.loads((FIXTURES / "nvml" / "h200_real_fallback.json").read_text())
     recording.setdefault("defaults", {})["nvmlShutdown"] = {"result": None}  # the agent stops before the end
     parts = components()
@@ -200,7 +219,8 @@ def test_every_panel_and_rule_has_data_and_alerts_fire(tmp_path: Path) -> None:
 
         stack.callback(stop_server)
         device = block_device_of(data_dir)
-        pod, hardware = _pod_agent(engine, server, device), _hardware_agent(tmp_path)
+        engine_pages = stack.enter_context(growing_server(_engine_pages()))
+        pod, hardware = _pod_agent(engine, server, device), _hardware_agent(tmp_path, engine_pages.url(""))
         for agent in (pod, hardware):
             agent.start()
             stack.callback(agent.stop)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from kvscope.agent.core.catalogue import Catalogue
-from kvscope.agent.core.records import AttributedRequest, Attribution, Part, RequestRecord
+from kvscope.agent.core.records import AttributedRequest, Attribution, Part, RequestRecord, TierFetch
 from kvscope.agent.core.store import Store
 from kvscope.exporters import jsonl
 from kvscope.exporters.jsonl import JsonlSink
@@ -42,3 +42,14 @@ def test_an_unwritable_file_is_counted_and_the_analysis_goes_on(tmp_path: Path) 
     sink = JsonlSink(str(tmp_path / "no-such-dir" / "requests.jsonl"), store, wall_clock=lambda: 0.0)
     sink.write([result(1), result(2)])  # must not raise
     assert counts(store) == (0.0, 2.0)
+
+
+def test_tokens_by_tier_where_the_source_splits_them(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    split = RequestRecord("s1", "sglang", "m", "0", arrival=1.0, ttft=0.2, prompt_tokens=4096, cached_tokens=3072,
+                          fetches=(TierFetch("G2", 2048),), g1_tokens=1024, source="sglang")
+    JsonlSink(str(path), wall_clock=lambda: 0.0).write(
+        [AttributedRequest(split, Attribution(0.2, {}), None, None), result(1)])
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["tier_tokens"] == {"G1": 1024, "G2": 2048}
+    assert lines[1]["tier_tokens"] is None  # vLLM's spans do not say

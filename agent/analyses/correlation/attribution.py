@@ -154,7 +154,7 @@ def estimate_fetch(
     A record that reused tokens without saying from which tier has no estimate (they may be G1 hits).
     """
     if not record.fetches:
-        return 0.0 if record.cached_tokens == 0 else None
+        return 0.0 if record.nothing_fetched else None
     total = 0.0
     for fetch in record.fetches:
         if fetch.seconds is not None:
@@ -178,8 +178,8 @@ def measured_fetch(record: RequestRecord) -> float | None:
         return record.fetch_seconds
     if record.fetches and all(f.seconds is not None for f in record.fetches):
         return sum(f.seconds or 0.0 for f in record.fetches)
-    if record.cached_tokens == 0:
-        return 0.0  # nothing reused, nothing fetched: a known zero
+    if record.nothing_fetched:
+        return 0.0  # nothing reused, or all of it from G1: nothing fetched, a known zero
     return None
 
 

@@ -13,8 +13,11 @@ from kvscope.agent.core.tiers import Tier
 class CorrelationOptions:
     # where an engine's KV load time sits: "queue" (async loads: vLLM OffloadingConnector) or "prefill"
     fetch_inside: Literal["queue", "prefill"] = "queue"
-    # engine kind -> queue|prefill; the reference engine loads synchronously inside the step
-    fetch_inside_by_engine: dict[str, str] = field(default_factory=lambda: {"reference": "prefill"})
+    # engine kind -> queue|prefill; the reference engine loads synchronously inside the step; SGLang starts a
+    # request's host -> GPU load-back when the request joins a prefill batch (PrefillAdder.add_one_req ->
+    # init_load_back), after it left the waiting queue, and the forward waits for it
+    fetch_inside_by_engine: dict[str, str] = field(
+        default_factory=lambda: {"reference": "prefill", "sglang": "prefill"})
     # where an engine's store (offload) time sits: "none" (asynchronous stores: vLLM's OffloadingConnector
     # defers them to the next step) or "prefill" (stores and evictions inside the step)
     offload_inside: Literal["prefill", "none"] = "none"

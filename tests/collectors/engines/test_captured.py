@@ -82,6 +82,10 @@ EXPECTED: dict[str, Expected] = {
         {("kvscope_requests_running", *QWEN32): 1, ("kvscope_kv_cache_usage_ratio", *QWEN32): 0}),
     "pr-4444-engine-type.prom": Expected(
         {("kvscope_requests_running", *LLAMA3): 0, ("kvscope_kv_cache_usage_ratio", *LLAMA3): 0}),
+    # SGLang in gRPC mode re-exposed by SMG: `sglang_` prefix, SMG's worker_addr label beside SGLang's own
+    "smg-pr-813-grpc-sidecar.prom": Expected(
+        {("kvscope_kv_computed_tokens_total", *LLAMA): 55,
+         ("kvscope_engine_hit_ratio", *LLAMA, "all", "sglang:cache_hit_rate"): 0}),
     # dp_rank is the data-parallel index: one series per rank, not summed or dropped
     "dp8-issue-aibrix-1614.prom": Expected(
         {("kvscope_requests_waiting", "sglang", "deepseek-r1", "1"): 0,

@@ -78,3 +78,17 @@ def test_golden_exposition_of_the_frontend_page() -> None:
         text = exposition({"dynamo": SPEC}, {"dynamo": DynamoCollector(DynamoOptions(urls=[server.url()]))},
                           {server.url(): "TARGET"})
     assert_golden(FIXTURES / "dynamo" / "expected-frontend-0.9.0.txt", text)
+
+
+def test_router_predicted_hit_rate_is_a_histogram_beside_the_engines_hits() -> None:
+    """dynamo_component_router_kv_hit_rate (per routed request) → kvscope_router_predicted_hit_ratio, Dynamo's
+    linear 0.05 edges kept; the frontend's other series are unchanged by it."""
+    r = collect("frontend-router-kv-hit-rate.prom")
+    predicted = histogram(r, "kvscope_router_predicted_hit_ratio", *BASE)
+    assert predicted.count == len(PAGES.ROUTER_PREDICTED)
+    assert predicted.sum == pytest.approx(sum(PAGES.ROUTER_PREDICTED), rel=1e-12)
+    assert [edge for edge, _ in predicted.buckets] == [*PAGES.ROUTER_EDGES, float("inf")]
+    assert dict(predicted.buckets)[0.5] == sum(1 for x in PAGES.ROUTER_PREDICTED if x <= 0.5)
+    plain = collect("frontend-0.9.0.prom")
+    assert {k for k in r if k[0] != "kvscope_router_predicted_hit_ratio" and "scrape" not in k[0]} == {
+        k for k in plain if "scrape" not in k[0]}

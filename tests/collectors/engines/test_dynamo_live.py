@@ -52,10 +52,14 @@ def test_frontend_page() -> None:
         "frontend.prom", "dynamo_component_router_kv_selected_cached_prefix_tokens_total") == 3808
     # one worker's G1: 64 blocks of 32 tokens (each of the two workers has as many)
     assert value(r, "kvscope_tier_capacity_tokens", *DYNAMO, "G1") == 64 * 32
+    # the router's predicted hit ratio per routed request, as its histogram on this page says
+    predicted = histogram(r, "kvscope_router_predicted_hit_ratio", *DYNAMO)
+    assert predicted.count == served("frontend.prom", "dynamo_component_router_kv_hit_rate_count") == 12
+    assert predicted.sum == served("frontend.prom", "dynamo_component_router_kv_hit_rate_sum")
     # no kv_hit_rate gauge on this frontend, and none made up
     assert engine_series(r) == {"kvscope_ttft_seconds", "kvscope_prompt_tokens_total",
                                 "kvscope_requests_finished_total", "kvscope_kv_cached_tokens_total",
-                                "kvscope_tier_capacity_tokens"}
+                                "kvscope_tier_capacity_tokens", "kvscope_router_predicted_hit_ratio"}
 
 
 def test_worker_pages_are_read_by_the_vllm_adapter_alone() -> None:

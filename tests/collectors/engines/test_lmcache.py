@@ -9,6 +9,7 @@ import pytest
 
 from kvscope.agent.app.wiring import build_catalogue, components
 from kvscope.agent.config.settings import ConfigError, load_config
+from kvscope.collectors.engines.discovery import DISCOVERED, DiscoveryCollector, DiscoveryOptions
 from kvscope.collectors.engines.lmcache import SPEC, LmcacheCollector, LmcacheOptions
 from kvscope.collectors.engines.vllm_metrics import VllmMetricsCollector, VllmOptions
 from testkit.engine_pages import (
@@ -108,3 +109,58 @@ def test_golden_exposition_of_the_internal_api_page() -> None:
         collector = LmcacheCollector(LmcacheOptions(urls=[server.url()]), NODE)
         text = exposition({"lmcache": SPEC}, {"lmcache": collector}, {server.url(): "TARGET"})
     assert_golden(FIXTURES / "lmcache" / "expected-internal-api-tp2-remote.txt", text)
+
+
+MP = "mp-server-two-tenants-fs.prom"
+
+
+def test_mp_server_lookups_and_hits_summed_over_tenants() -> None:
+    """lmcache_mp_lookup_{requested,hit}_tokens (L1 and L2 together) by cache_salt: summed into the connector's
+    lookups and hits; the hits unattributed (no L1/L2 split) unless hit_tier says."""
+    r, v = collect(MP), PAGES.MP
+    assert value(r, "kvscope_connector_lookup_tokens_total", *BASE) == sum(v["requested"].values())
+    assert value(r, "kvscope_connector_hit_tokens_total", *BASE) == sum(v["hit"].values())
+    assert value(r, "kvscope_kv_hit_tokens_total", *BASE, "unattributed") == sum(v["hit"].values())
+    # the one L2 adapter on the page is fs (G3): its unlabelled prefetch chunk counters are G3's
+    assert value(r, "kvscope_connector_tier_lookup_blocks_total", *BASE, "G3") == v["l2_lookup_chunks"]
+    assert value(r, "kvscope_connector_tier_hit_blocks_total", *BASE, "G3") == v["l2_hit_chunks"]
+
+
+def test_mp_server_usage_and_throughput_per_tier() -> None:
+    """L1 is the MP server's CPU memory (G2); L2 by l2_name (fs G3 by default, l2_tiers overrides); GB/s as 1e9."""
+    r, v = collect(MP), PAGES.MP
+    assert value(r, "kvscope_tier_used_bytes", *BASE, "G2") == v["l1_bytes"]
+    assert value(r, "kvscope_tier_used_bytes", *BASE, "G3") == v["l2_bytes"]
+    links = {("G1", "G2"): "store_gbs", ("G2", "G1"): "load_gbs", ("G2", "G3"): "l2_store_gbs",
+             ("G3", "G2"): "l2_load_gbs"}
+    for link, key in links.items():
+        bw = histogram(r, "kvscope_kv_transfer_bandwidth_bytes_per_second", *BASE, *link)
+        assert bw.count == len(v[key]) and bw.sum == pytest.approx(sum(v[key]) * 1e9, rel=1e-12), link
+        assert [e for e, _ in bw.buckets][:2] == [0.1e9, 0.5e9]
+    shared = collect(MP, l2_tiers={"fs": "G4"})
+    assert value(shared, "kvscope_tier_used_bytes", *BASE, "G4") == v["l2_bytes"]
+    assert histogram(shared, "kvscope_kv_transfer_bandwidth_bytes_per_second", *BASE, "G4", "G2").count == 2
+
+
+@pytest.mark.parametrize(("metric", "tier", "key"), [
+    ("kvscope_kv_lifetime_seconds", "G2", "lifetime_s"), ("kvscope_kv_idle_before_evict_seconds", "G2", "idle_s"),
+    ("kvscope_kv_reuse_gap_seconds", "G2", "reuse_gap_s"), ("kvscope_kv_lifetime_seconds", "G1", "gpu_lifetime_s"),
+    ("kvscope_kv_idle_before_evict_seconds", "G1", "gpu_idle_s"),
+    ("kvscope_kv_reuse_gap_seconds", "G1", "gpu_reuse_gap_s")])
+def test_mp_server_chunk_lifecycle_as_lmcache_measures_it(metric: str, tier: str, key: str) -> None:
+    """Series without model_name (the L1 chunk histograms) take the page's one model."""
+    h = histogram(collect(MP), metric, *BASE, tier)
+    assert h.count == len(PAGES.MP[key]) and h.sum == pytest.approx(sum(PAGES.MP[key]), rel=1e-12)
+
+
+def test_mp_page_served_over_http_is_identified_and_catalogued() -> None:
+    catalogue = build_catalogue()
+    with serving(page("lmcache", MP)) as (server,):
+        r = as_dict(LmcacheCollector(LmcacheOptions(urls=[server.url()])).collect())
+        found = DiscoveryCollector(DiscoveryOptions(candidates=[server.url()])).collect()
+    assert value(r, "kvscope_scrape_target_up", "lmcache", server.url()) == 1
+    assert value(r, "kvscope_scrape_malformed_lines_total", "lmcache", server.url()) == 0
+    for name, labels in r:
+        spec = catalogue.get(name)
+        assert spec is not None and len(spec.labels) == len(labels), name
+    assert {x.labels[0] for x in found if x.name == DISCOVERED} == {"lmcache"}

@@ -10,6 +10,7 @@ import pytest
 from kvscope.agent.app.wiring import build_catalogue, components
 from kvscope.agent.config.settings import ConfigError, load_config
 from kvscope.collectors.engines.sglang import SPEC, SglangCollector, SglangOptions
+from kvscope.collectors.engines.sglang_backends import backend_key
 from testkit.engine_pages import (
     FIXTURES,
     Readings,
@@ -137,3 +138,75 @@ def test_golden_exposition_of_the_hicache_page() -> None:
         opts = SglangOptions(urls=[server.url()], kv_bytes_per_token=PAGES.BYTES_PER_TOKEN)
         text = exposition({"sglang": SPEC}, {"sglang": SglangCollector(opts, NODE)}, {server.url(): "TARGET"})
     assert_golden(FIXTURES / "sglang" / "expected-hicache-hf3fs-underscore-tp2.txt", text)
+
+
+CURRENT = "hicache-nixl-current-tp1.prom"
+
+
+@pytest.mark.parametrize(("spelled", "backend"), [
+    ("storage_HiCacheNixl", "nixl"), ("HiCacheNixl", "nixl"), ("nixl", "nixl"), ("NIXL", "nixl"),
+    ("storage_HiCacheFile", "file"), ("storage_MooncakeStore", "mooncake"), ("mooncake", "mooncake"),
+    ("storage_HiCacheHF3FS", "hf3fs"), ("storage_AibrixKVCacheStorage", "aibrix"), ("storage_EICStorage", "eic"),
+    ("storage_KVCCStore", "kvcc"), ("storage_unknown", "unknown"), ("storage_AcmeStore", "acmestore")])
+def test_a_backend_is_one_name_however_sglang_spells_it(spelled: str, backend: str) -> None:
+    """cache_source carries the class (type(backend).__name__), storage_backend the --hicache-storage-backend flag."""
+    assert backend_key(spelled) == backend
+
+
+def test_current_page_places_class_named_storage_hits_and_flag_named_moves_in_one_tier() -> None:
+    """storage_HiCacheNixl hits and storage_backend="nixl" moves are NIXL's (G4): nothing left unattributed."""
+    r, v = collect(CURRENT, kv_bytes_per_token=PAGES.BYTES_PER_TOKEN), PAGES.CURRENT
+    c = v["cached"]
+    assert hits(r) == {"G1": c["device"], "G2": c["host"], "G4": c["storage"]}
+    tokens = {labels[3:]: value(r, "kvscope_kv_transfer_tokens_total", *labels)
+              for labels in series(r, "kvscope_kv_transfer_tokens_total")}
+    assert tokens == {("G2", "G1"): v["load_back_tokens"], ("G1", "G2"): v["backup_tokens"],
+                      ("G4", "G2"): v["prefetched"], ("G2", "G4"): v["backuped"]}
+    assert not series(r, "kvscope_engine_unmapped_values_total")
+
+
+def test_every_series_of_a_target_carries_its_model() -> None:
+    """SGLang's storage and radix-cache series have no model_name: they take the one the page's other series
+    name, so transfers and hits of one engine share a model label."""
+    r = collect(CURRENT, kv_bytes_per_token=PAGES.BYTES_PER_TOKEN)
+    engine_series = [labels for name, labels in r if not name.startswith("kvscope_scrape_")
+                     and name != "kvscope_tier_placement_info"]
+    assert engine_series and {labels[1] for labels in engine_series} == {PAGES.MODEL}
+
+
+def test_host_link_seconds_from_the_duration_histograms_give_its_bandwidth() -> None:
+    """kvscope_kv_transfer_seconds_total is the histograms' _sum; bytes over seconds is the link's bandwidth
+    while it moved, as SGLang's HELP text says to compute it."""
+    r, v = collect(CURRENT), PAGES.CURRENT
+    load_s, backup_s = sum(v["load_back_seconds"]), sum(v["backup_seconds"])
+    assert value(r, "kvscope_kv_transfer_seconds_total", *BASE, "G2", "G1") == pytest.approx(load_s, rel=1e-12)
+    assert value(r, "kvscope_kv_transfer_seconds_total", *BASE, "G1", "G2") == pytest.approx(backup_s, rel=1e-12)
+    moved = value(r, "kvscope_kv_transfer_bytes_total", *BASE, "G2", "G1")  # the engine's own byte counter
+    assert moved / value(r, "kvscope_kv_transfer_seconds_total", *BASE, "G2", "G1") == pytest.approx(
+        v["load_back_tokens"] * PAGES.BYTES_PER_TOKEN / load_s)
+    assert value(r, "kvscope_kv_evicted_tokens_total", *BASE, "G1") == v["evicted"]
+
+
+def unknown_backend_page() -> bytes:
+    return page("sglang", CURRENT).replace(b"HiCacheNixl", b"AcmeKV").replace(b'"nixl"', b'"acme"')
+
+
+def test_a_backend_the_table_does_not_know_is_named_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    body = unknown_backend_page()
+    collector = SglangCollector(SglangOptions(urls=["http://s/metrics"]), NODE, lambda *_: body)
+    with caplog.at_level("WARNING", logger="kvscope.collectors.engines.sglang"):
+        first, second = as_dict(collector.collect()), as_dict(collector.collect())
+    warned = [rec.getMessage() for rec in caplog.records if "storage backend" in rec.getMessage()]
+    assert len(warned) == 2 and "'acme'" in warned[0] + warned[1] and "'acmekv'" in warned[0] + warned[1]
+    assert value(first, "kvscope_engine_unmapped_values_total", "sglang", "storage_backend", "acme") == 1
+    assert value(second, "kvscope_engine_unmapped_values_total", "sglang", "storage_backend", "acme") == 2
+    assert hits(second)["unattributed"] == PAGES.CURRENT["cached"]["storage"]
+
+
+def test_a_configured_backend_is_placed_by_its_class_or_flag_name(caplog: pytest.LogCaptureFixture) -> None:
+    body = unknown_backend_page()
+    opts = SglangOptions(urls=["http://s/metrics"], storage_backend_tiers={"AcmeKV": "G4", "acme": "G4"})
+    with caplog.at_level("WARNING", logger="kvscope.collectors.engines.sglang"):
+        r = as_dict(SglangCollector(opts, NODE, lambda *_: body).collect())
+    assert hits(r)["G4"] == PAGES.CURRENT["cached"]["storage"] and "unattributed" not in hits(r)
+    assert not caplog.records and not series(r, "kvscope_engine_unmapped_values_total")

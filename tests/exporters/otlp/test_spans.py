@@ -3,6 +3,7 @@ that never blocks the analysis that feeds it."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -82,6 +83,14 @@ def test_without_the_engine_span_a_trace_of_its_own_and_tiers_as_events() -> Non
     attrs = dict(spans[ROOT].attributes or {})
     assert attrs["kvscope.kv.G4.tokens"] == 512 and attrs["kvscope.kv.G2.tokens"] == 288
     assert "kvscope.kv.fetch.bytes" not in attrs  # G2's bytes are unknown: no total is made up
+    assert "kvscope.kv.G1.tokens" not in attrs  # the record does not say what G1 served
+
+
+def test_tokens_g1_served_are_an_attribute_where_the_source_says() -> None:
+    split = result()
+    record = dataclasses.replace(split.record, g1_tokens=512, fetches=(TierFetch("G2", 288),))
+    attrs = dict(build(AttributedRequest(record, split.attribution, None, None))[ROOT].attributes or {})
+    assert attrs["kvscope.kv.G1.tokens"] == 512 and attrs["kvscope.kv.G2.tokens"] == 288
 
 
 def test_a_timing_that_is_not_finite_builds_spans_all_the_same() -> None:

@@ -352,6 +352,22 @@ def aiperf_exports() -> Target:
     return Target("aiperf_exports", run, seeds, [*TEXT_TOKENS, b"[" * 2000, b'{"a":' * 2000])
 
 
+def sglang_request_lines() -> Target:
+    from kvscope.collectors.engines.sglang_backends import backend_tiers
+    from kvscope.collectors.requests.sglang_request_log import BadLine, LineLabels, parse_line
+
+    tiers, labels = backend_tiers({}, "G3"), LineLabels()
+
+    def run(data: bytes) -> None:
+        record = parse_line(data, labels, tiers)  # a record or BadLine, nothing else
+        assert record.ttft >= 0 and record.prompt_tokens is not None and record.cached_tokens is not None
+        assert sum(f.tokens for f in record.fetches) + (record.g1_tokens or 0) <= record.prompt_tokens
+
+    seeds = _lines(FIX / "sglang/request_log/sglang-request-metrics-20261205_20.log", 1)
+    tokens = [*TEXT_TOKENS, b'"storage": 99999999', b'"device": -1', b'"dp_rank": true', b"1e999", b"NaN"]
+    return Target("sglang_request_lines", run, seeds, tokens, (BadLine,))
+
+
 class StoreFeed:
     """Readings of impossible and ordinary values into the store: an exported counter never decreases,
     is never negative or NaN; a histogram's exported counts likewise."""
@@ -404,4 +420,4 @@ def store_ingest() -> Target:
 TARGETS: dict[str, Callable[[], Target]] = {f.__name__: f for f in (
     kv_batch_decode, kv_subscriber_handle, kv_replay, vllm_exposition, engine_pages, exposition_labels, diskstats,
     net_dev, rdma_port, mountstats, llite_stats, mmpmon_fs_io_s, mountinfo, otlp_protobuf, otlp_json, aiperf_exports,
-    store_ingest)}
+    sglang_request_lines, store_ingest)}

@@ -17,7 +17,7 @@ from kvscope.agent.analyses.correlation.counterfactuals import (
     ttft_without_cache,
     typical_reused_tokens,
 )
-from kvscope.agent.core.records import RequestRecord, TierFetch
+from kvscope.agent.core.records import Part, RequestRecord, TierFetch
 
 
 def total(attribution: object) -> float:
@@ -108,6 +108,15 @@ def test_estimate_fetch_unknown_tier_or_unplaced_reuse_is_none() -> None:
     assert estimate_fetch(span_record(cached_tokens=0), lambda t, b: 1.0, lambda t: 1.0) == 0.0
     measured = span_record(fetches=(TierFetch("G2", 10, 1e6, 0.25),))
     assert estimate_fetch(measured, lambda t, b: None, lambda t: None) == 0.25
+
+
+def test_reuse_the_source_places_all_in_g1_fetched_nothing() -> None:
+    g1_only = span_record(ttft=0.3, queue=0.01, prefill=0.2, prompt_tokens=3000, cached_tokens=2000, g1_tokens=2000)
+    assert g1_only.nothing_fetched and estimate_fetch(g1_only, lambda t, b: None, lambda t: None) == 0.0
+    a = attribute_request(g1_only, PrefillCostModel(prior_a=1e-4), 0.0, "queue")
+    assert a.parts["fetch"] == Part(0.0, "measured") and a.parts["queue"] == Part(0.01, "measured")
+    partly = span_record(cached_tokens=2000, g1_tokens=1500)  # 500 tokens from a tier the record does not name
+    assert not partly.nothing_fetched and estimate_fetch(partly, lambda t, b: 1.0, lambda t: 1.0) is None
 
 
 def test_client_record_without_phases() -> None:
