@@ -115,15 +115,23 @@ def build() -> Dashboard:
     residency = [
         timeseries_panel("Resident blocks per tier", (
             "KV blocks resident in each tier, summed over the selected pods, as kvscope rebuilds it from the "
-            "engine's KV events (kvscope_kv_resident_blocks). Absent while residency is unknown (the agent "
-            "joined late or lost event batches; see Agent health)."), "suffix: blocks",
-            [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}")], span=8),
+            "engine's KV events (kvscope_kv_resident_blocks). The dashed line on the right axis says whether "
+            "the count is exact: 1 when every selected pod's residency is exact (kvscope_kv_residency_known), "
+            "0 when at least one lost event batches for good; the count is then an estimate, off by at most the "
+            "blocks those batches stored and removed, until the engine clears its prefix cache or restarts. "
+            "Absent for an agent that joined late without a full replay (see Agent health)."),
+            "suffix: blocks",
+            [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}"),
+             Query(f"min by (tier) (kvscope_kv_residency_known{{{ENGINE}, {TIER}}})",
+                   "{{tier}} exact (1) or estimate (0)")],
+            dashed=[1], right_axis={1: "none"}, span=8),
         timeseries_panel("Used bytes and capacity per tier", (
             "KV bytes resident in each tier (kvscope_tier_used_bytes: resident blocks from the KV events × "
             "tokens per block × the configured kv_bytes_per_token), summed over the selected pods, against the "
             "tier's capacity as the engine's configuration gives it (kvscope_tier_capacity_bytes, dashed). The "
             "pods' own tiers (G1–G3) add up; a G4 they share is counted once per cluster (the largest capacity "
-            "a pod reports), and its used bytes are what each pod stored, summed."),
+            "a pod reports), and its used bytes are what each pod stored, summed. After lost KV-event batches "
+            "the used bytes are an estimate like the resident blocks (see that panel)."),
             "bytes",
             [Query(f"sum by (tier) (kvscope_tier_used_bytes{{{ENGINE}, {TIER}}})", "{{tier}} used"),
              Query(tier_total("kvscope_tier_capacity_bytes", f"{ENGINE}, {TIER}"), "{{tier}} capacity")],

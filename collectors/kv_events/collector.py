@@ -101,8 +101,10 @@ METRICS = (
     counter(RESTARTS_TOTAL, "", _E,
             "Publisher restarts seen (the sequence number went backwards with a newer batch).", _SRC),
     gauge(RESIDENCY_KNOWN, "", (*_E, "tier"),
-          "1 when the tier's residency is complete (seen from seq 0, or G1 since an AllBlocksCleared); "
-          "0 for a late joiner or after lost batches. kvscope_kv_resident_blocks is absent while 0.", _SRC),
+          "1 when the tier's residency is exact (seen from seq 0, G1 since an AllBlocksCleared, or since a "
+          "publisher restart); 0 for a late joiner (kvscope_kv_resident_blocks absent) or after lost batches "
+          "(kvscope_kv_resident_blocks is then an estimate, off by at most the blocks the lost batches stored "
+          "and removed).", _SRC),
     histogram(REUSE_DISTANCE, "blocks", (*_E, "tier"),
               "Distinct blocks stored in the tier between two stores of the same block (LRU stack distance). "
               "Estimated from a hash-sampled subset of blocks (reuse_sample_rate; distances and counts scaled "
@@ -356,7 +358,7 @@ class VllmKvEventsCollector:
                 continue
             tl = (*lab, tier.value)
             out.append(Sample(RESIDENCY_KNOWN, tl, 1.0 if st.known else 0.0))
-            if st.known:
+            if st.known or st.anchored:  # after a loss: the estimate, flagged by RESIDENCY_KNOWN 0
                 blocks = len(st.resident)
                 out.append(Sample(KV_RESIDENT_BLOCKS, tl, blocks))
                 if bytes_per_token:

@@ -65,7 +65,7 @@ def tier_of(medium: str | None, locality: str | None) -> Tier:
 
 
 class TierState:
-    __slots__ = ("block_size", "known", "resident", "reuse")
+    __slots__ = ("anchored", "block_size", "known", "resident", "reuse")
 
     def __init__(self, max_tracked: int, known: bool, sample_rate: float = 1.0) -> None:
         # imported here: numpy (~10 MiB of RSS) is loaded by an agent that tracks KV events, not by every one
@@ -73,6 +73,9 @@ class TierState:
 
         self.resident: BlockSet = BlockSet()
         self.known = known  # residency reflects every event since a known-empty state
+        # residency was known since the publisher started (or since G1 was cleared), and lost batches only
+        # since: the count is an estimate off by at most what those batches stored and removed
+        self.anchored = known
         self.reuse = ReuseTracker(max_tracked, sample_rate)
         self.block_size = BLOCK_SIZE_UNSEEN  # see the BLOCK_SIZE_* values
 
@@ -126,12 +129,14 @@ class Residency:
         self.events = [0, 0, 0]  # by kind: STORED, REMOVED, CLEARED
         self.unknown_events = 0
         self.complete = False  # every batch of the current publisher since seq 0 was applied
+        self.anchored = False  # complete once since the publisher started: tiers made later are estimates too
         self._tier_cache: dict[tuple[str | None, str | None], TierState] = {}
 
     def tier(self, tier: Tier) -> TierState:
         state = self.tiers.get(tier)
         if state is None:
             state = self.tiers[tier] = TierState(self._max_tracked, self.complete, self._sample_rate)
+            state.anchored = self.anchored or self.complete
             if tier is Tier.G1 and self.access is not None:
                 state.reuse.forward = self.access.queue.extend
         return state
@@ -190,7 +195,7 @@ class Residency:
                 g1 = self.tier(Tier.G1)
                 g1.resident.clear()
                 g1.emptied()
-                g1.known = True
+                g1.known = g1.anchored = True
                 continue
             state = cache.get((medium, locality)) or self._state_for(medium, locality)
             if kind == STORED:
@@ -227,17 +232,22 @@ class Residency:
     def set_complete(self, complete: bool) -> None:
         """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""
         self.complete = complete
+        self.anchored |= complete
         for tier in STORAGE_TIERS:
             self.tier(tier)
         for state in self.tiers.values():
             state.known = complete
+            state.anchored |= complete
 
     def restart(self) -> None:
-        """A new publisher process: its caches start empty and its hashes may differ (seeded hashing)."""
+        """A new publisher process: its caches start empty and its hashes may differ (seeded hashing).
+        Empty is a known state: batches the new process sent before we saw it only make it an estimate."""
         for state in self.tiers.values():
             state.resident.clear()
             state.emptied()
             state.reuse.reset()
+            state.anchored = True
+        self.anchored = True
         if self.access is not None:
             self.access.reset()
 
