@@ -74,7 +74,7 @@ import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from kvscope.agent.core import contract as c
-from kvscope.agent.core.catalogue import counter, gauge
+from kvscope.agent.core.catalogue import counter, gauge, histogram
 from kvscope.agent.core.contract import ENGINE_LABELS
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
@@ -82,10 +82,17 @@ from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.vllm_map import (
     BLOCK_COUNTED,
     BLOCK_COUNTED_HELP,
+    BLOCK_IDLE_BEFORE_EVICT,
+    BLOCK_LIFETIME,
+    BLOCK_REUSE_GAP,
     CONNECTOR,
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
     REQUESTS_FINISHED,
+    REQUESTS_WAITING_BY_REASON,
+    TIER_LOOKUP_DELAY,
+    TIER_PINNED_RATIO,
+    TRANSFER_FAILED_JOBS,
     USAGE_RATIO,
     Normaliser,
     wanted_samples,
@@ -95,6 +102,36 @@ from kvscope.collectors.scrape.fetch import Fetcher, ParallelScrape, http_fetch
 from kvscope.collectors.scrape.target import ScrapeTarget, SeriesKey, target_health
 
 log = logging.getLogger("kvscope.collectors.vllm")
+
+_VLLM = "vllm /metrics"
+_KV_CACHE_METRICS = "as vLLM measures it with --kv-cache-metrics, sampled at --kv-cache-metrics-sample"
+NEWER_FAMILY_METRICS = (
+    histogram(BLOCK_LIFETIME, "seconds", (*ENGINE_LABELS, "tier"),
+              f"Time a KV block lived in the tier, from allocation to eviction, {_KV_CACHE_METRICS} (vLLM "
+              "kv_block_lifetime_seconds: G1). Blocks never evicted are not in it.", _VLLM),
+    histogram(BLOCK_IDLE_BEFORE_EVICT, "seconds", (*ENGINE_LABELS, "tier"),
+              f"Time from a KV block's last use to its eviction, {_KV_CACHE_METRICS} (vLLM "
+              "kv_block_idle_before_evict_seconds: G1).", _VLLM),
+    histogram(BLOCK_REUSE_GAP, "seconds", (*ENGINE_LABELS, "tier"),
+              f"Time between two uses of a KV block, {_KV_CACHE_METRICS} (vLLM kv_block_reuse_gap_seconds: G1; "
+              "only its most recent uses are kept). kvscope's own reuse distance, in blocks, is "
+              "kvscope_kv_block_reuse_distance_blocks.", _VLLM),
+    gauge(REQUESTS_WAITING_BY_REASON, "requests", (*ENGINE_LABELS, "reason"),
+          "Requests waiting, by why (vLLM num_requests_waiting_by_reason: capacity = waiting for scheduling "
+          "capacity, deferred = held by LoRA budget, KV transfer or a blocked status); the reasons add up to "
+          "kvscope_requests_waiting.", _VLLM),
+    gauge(TIER_PINNED_RATIO, "ratio", (*ENGINE_LABELS, "tier"),
+          "Fraction of the offload tier's space pinned by in-flight stores and loads (vLLM "
+          "kv_offload_cpu_cache_usage_perc: G2). Not how full the tier is: evictable cached chunks count as "
+          "free; sustained high values mean transfers may be dropped.", _VLLM),
+    histogram(TIER_LOOKUP_DELAY, "seconds", (*ENGINE_LABELS, "tier", "mode"),
+              "Time a per-chunk lookup in an offload tier took (vLLM kv_offload_tiering_lookup_{sync,async}_delay"
+              "_seconds): mode=sync, blocking time of a lookup that resolved; mode=async, from its first "
+              "retry to its resolution.", _VLLM),
+    counter(TRANSFER_FAILED_JOBS, "", (*ENGINE_LABELS, "src", "dst"),
+            "Offload transfer jobs that failed, by link (vLLM kv_offload_tiering_promotion_job_failures: "
+            "tier→G2, cascade_job_failures: G2→tier).", _VLLM),
+)
 
 NAME = "vllm"
 MIB = 1 << 20
@@ -118,6 +155,7 @@ METRICS = (
             "Finished requests by finish reason (vLLM request_success).", "vllm /metrics"),
     *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
         c.PREEMPTIONS, c.PEER_TRANSFER_BYTES, c.PEER_TRANSFER_SECONDS, c.PEER_TRANSFER_FAILURES)),
+    *NEWER_FAMILY_METRICS,
 )
 # the engine's counters among the readings (histograms are told by their type): held while a target is down
 _CUMULATIVE = frozenset(spec.name for spec in (*c.CONTRACT_METRICS, *METRICS)
