@@ -25,6 +25,12 @@ OFFLOAD = (f'kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G1", dst=~"G2|G3|G
            f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G3", dst="G4"}}')
 
 
+def _median(histogram: str) -> str:
+    """p50 of a G1 histogram over the selected pods."""
+    return (f"histogram_quantile(0.5, sum by (le) (rate({histogram}_bucket{{{ENGINE}, tier=\"G1\"}}"
+            "[$__rate_interval])))")
+
+
 def build() -> Dashboard:
     paying_off = [
         stat_panel("Prompt tokens served from the cache", (
@@ -111,6 +117,23 @@ def build() -> Dashboard:
                    "{{tier}} stored"),
              Query(f"sum by (tier) (rate(kvscope_kv_blocks_removed_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
                    "{{tier}} removed")], negative=[1]),
+        timeseries_panel("Offload tiers: lookup time (p99) and space pinned by transfers", (
+            "99th percentile of the time one lookup of a block (a chunk) in each offload tier took, blocking "
+            "(kvscope_tier_lookup_delay_seconds, mode=sync; vLLM's tiering offload). Right axis, dashed: the "
+            "largest share of a selected pod's G2 offload space pinned by stores and loads in flight "
+            "(kvscope_tier_transfer_pinned_ratio, vLLM's kv_offload_cpu_cache_usage_perc). That is not how full "
+            "G2 is: high and sustained, transfers are being dropped for want of room."), "s",
+            [Query("histogram_quantile(0.99, sum by (tier, le) (rate(kvscope_tier_lookup_delay_seconds_bucket"
+                   f'{{{ENGINE}, {TIER}, mode="sync"}}[$__rate_interval])))', "{{tier}} lookup p99"),
+             Query(f"max by (tier) (kvscope_tier_transfer_pinned_ratio{{{ENGINE}, {TIER}}})", "{{tier}} pinned")],
+            dashed=[1], right_axis={1: "percentunit"}, log_scale=True),
+        bargauge_panel("Offload jobs that failed, per link, over the time range", (
+            "Transfer jobs between tiers that failed, summed over the selected pods (increase of "
+            "kvscope_kv_transfer_failed_jobs_total; vLLM's tiering offload: promotions T→G2, cascades G2→T). "
+            "A failed promotion is a hit the engine recomputes; a failed cascade, a block the lower tier lacks."),
+            "suffix: jobs",
+            [Query(f"sum by (src, dst) (increase(kvscope_kv_transfer_failed_jobs_total{{{ENGINE}}}[$__range]))",
+                   "{{src}} → {{dst}}", instant=True)]),
     ]
     residency = [
         timeseries_panel("Resident blocks per tier", (
@@ -142,6 +165,19 @@ def build() -> Dashboard:
             "suffix: tokens",
             [Query(tier_total("kvscope_tier_capacity_tokens", f"{ENGINE}, {TIER}"), "{{tier}}", instant=True)],
             span=8),
+        timeseries_panel("How long G1 keeps blocks, as the engine measures it (p50)", (
+            "Median lifetime of a G1 block from allocation to eviction, its idle time from last use to eviction, "
+            "and the time between two uses of a block, from the engine's own sampled histograms (vLLM with "
+            "--kv-cache-metrics: kvscope_kv_block_lifetime_seconds, _idle_before_evict_seconds, "
+            "_reuse_gap_seconds). Right axis, dashed: kvscope's own median reuse distance in G1, in distinct "
+            "blocks stored between two uses (kvscope_kv_block_reuse_distance_blocks, from the KV events). A "
+            "reuse gap longer than the idle time before eviction means blocks leave G1 before they are used "
+            "again."), "s",
+            [Query(_median("kvscope_kv_block_lifetime_seconds"), "lifetime"),
+             Query(_median("kvscope_kv_block_idle_before_evict_seconds"), "idle before eviction"),
+             Query(_median("kvscope_kv_block_reuse_gap_seconds"), "reuse gap"),
+             Query(_median("kvscope_kv_block_reuse_distance_blocks"), "reuse distance (kvscope)")],
+            dashed=[3], right_axis={3: "suffix: blocks"}, log_scale=True, span=12),
     ]
     what_if = [
         bargauge_panel("What if the tiers were other sizes: served share", (
