@@ -30,11 +30,13 @@ from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.streams import KV_ACCESS, StreamUse
+from kvscope.agent.core.tenants import TenantCap
 from kvscope.agent.core.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
 from kvscope.collectors.kv_events.schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
 from kvscope.collectors.kv_events.sequence import Sequencer, Stream, log_once
 from kvscope.collectors.kv_events.subscriber import Frames, Receiver, SocketOptions
+from kvscope.collectors.kv_events.tenants import TENANT_METRICS, TenantAccounting, TenantBatchDecoder, tenant_readings
 
 log = logging.getLogger("kvscope.vllm_kv_events")
 
@@ -116,6 +118,7 @@ METRICS = (
             "Block stores the reuse-distance tracker saw, first uses and reuses (sampled stores scaled by "
             "1/reuse_sample_rate). LRU miss ratio of a b+1 block cache = 1 - reuse_distance bucket{le=b} / this.",
             _SRC),
+    *TENANT_METRICS,
 )
 
 # why a tier with resident blocks has no used bytes (logged once per rank and tier)
@@ -179,6 +182,10 @@ class VllmKvEventsOptions:
     # tokens per block hash for stores whose BlockStored carries no block_size (0 on the wire, as vLLM's
     # offload placeholder events send); a size the events carry always wins. 0 = unknown.
     default_block_size: int = 0
+    # G1 lookups and hits per tenant (LoRA adapter; collectors/kv_events/tenants.py): the top N tenants by
+    # recent lookups get series of their own, the rest share tenant="other". 0 = off.
+    tenants_top_n: int = 0
+    tenants_max_tracked: int = 1000  # tenants remembered between collections (the busiest)
 
     def validate(self, path: str) -> None:
         if not self.endpoint:
@@ -211,6 +218,11 @@ class VllmKvEventsOptions:
             raise ValueError(f"reuse_sample_rate: must be in [1e-6, 1] (1 = exact), got {self.reuse_sample_rate}")
         if self.kv_bytes_per_token < 0:
             raise ValueError(f"kv_bytes_per_token: must be >= 0 (0 = unknown), got {self.kv_bytes_per_token}")
+        if self.tenants_top_n < 0:
+            raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {self.tenants_top_n}")
+        if self.tenants_top_n and self.tenants_max_tracked < self.tenants_top_n:
+            raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({self.tenants_top_n}), got "
+                             f"{self.tenants_max_tracked}")
         if self.default_block_size < 0:
             raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
 
@@ -222,7 +234,7 @@ class VllmKvEventsCollector:
         self._own_ctx = zmq_context is None
         self._ctx: zmq.Context[Any] = zmq_context if zmq_context is not None else zmq.Context()
         self._clock = clock
-        self._decoder = BatchDecoder()
+        self._decoder = TenantBatchDecoder() if options.tenants_top_n else BatchDecoder()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.ready = threading.Event()  # set once every SUB socket is connected and subscribed
@@ -238,6 +250,9 @@ class VllmKvEventsCollector:
                    labels[r])
             for r in range(options.data_parallel_size)
         ]
+        if options.tenants_top_n:
+            for s in self.streams:
+                s.residency.tenants = TenantAccounting(TenantCap(options.tenants_top_n, options.tenants_max_tracked))
         self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
             options.topic.encode(), options.rcvhwm, options.max_message_bytes, options.max_queue_bytes,
             options.replay_timeout, options.tail_check_after), self.handle, self._check_tail, clock)
@@ -376,6 +391,8 @@ class VllmKvEventsCollector:
             out.append(HistogramSample(REUSE_DISTANCE, tl, buckets, total, count))
             out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.estimated_evicted))
             out.append(Sample(REUSE_STORES_TOTAL, tl, st.reuse.estimated_uses))
+        if res.tenants is not None:
+            out.extend(tenant_readings(res.tenants, lab))
         if res.access is not None:
             g1 = res.tier(Tier.G1)
             meta = res.access.meta

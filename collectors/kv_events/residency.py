@@ -34,6 +34,7 @@ from kvscope.collectors.kv_events.schema import CLEARED, STORED
 
 if TYPE_CHECKING:
     from kvscope.collectors.kv_events.blockset import BlockSet
+    from kvscope.collectors.kv_events.tenants import TenantAccounting
 
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
@@ -131,6 +132,8 @@ class Residency:
         self.complete = False  # every batch of the current publisher since seq 0 was applied
         self.anchored = False  # complete once since the publisher started: tiers made later are estimates too
         self._tier_cache: dict[tuple[str | None, str | None], TierState] = {}
+        # tenant mode (tenants.py): counts each batch's G1 stores per tenant before it is applied
+        self.tenants: TenantAccounting | None = None
 
     def tier(self, tier: Tier) -> TierState:
         state = self.tiers.get(tier)
@@ -159,6 +162,8 @@ class Residency:
         """
         counts = self.events
         self.unknown_events += unknown
+        if self.tenants is not None:
+            self.tenants.account(self.tiers.get(Tier.G1), events)
         mark = self._mark
         if mark is not None:
             mark(BATCH)
