@@ -89,6 +89,18 @@ def build() -> Dashboard:
                    f" / (sum by (tier) (kvscope:kv_tokens_reaching_tier:rate5m{{{ENGINE}, {TIER}}}) > 0)",
                    "{{tier}}")],
             percent_max=True),
+        timeseries_panel("G1 served share by tenant", (
+            "Of the full G1 blocks each tenant's requests used, the share G1 already held, over the selected "
+            "pods (kvscope_tenant_kv_hit_blocks_total over kvscope_tenant_kv_lookup_blocks_total). A tenant is "
+            "vLLM's LoRA adapter (base: no adapter), read from the KV events when the agent's tenants_top_n is "
+            "set; hits need kv_cache_report_mode=full on the requests. Each pod shows its N busiest tenants, "
+            "the rest as 'other', so a tenant busy on one pod may sit in another pod's 'other' "
+            "(docs/vllm-kv-events.md)."), "percentunit",
+            [Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_blocks_total"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
+                   f"(rate(kvscope_tenant_kv_lookup_blocks_total{{{ENGINE}}}[$__rate_interval])) > 0)",
+                   "{{tenant}} {{tier}}")],
+            percent_max=True),
     ]
     links = [
         timeseries_panel("KV bytes per link: onboard up, offload down", (
