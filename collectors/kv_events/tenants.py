@@ -94,37 +94,43 @@ class TenantAccounting:
         self.odd_names = 0  # stores whose lora_name was empty or too long: counted for `other`
 
     def account(self, g1: TierState | None, events: list[Any]) -> None:
-        stores = [e for e in events if e.KIND == STORED and tier_of(e.medium, e.locality) is Tier.G1]
-        if not stores:
+        in_g1 = [tier_of(e.medium, e.locality) is Tier.G1 for e in events]
+        asked = [h for e, g in zip(events, in_g1, strict=True) if g and e.KIND == STORED for h in e.block_hashes]
+        if not asked:
             return
-        asked = [h for e in stores for h in e.block_hashes]
-        resident = dict(zip(asked, g1.resident.contains_many(asked), strict=True)) if g1 is not None else {}
+        resident = dict(zip(asked, g1.resident.contains_many(asked), strict=True)) if g1 is not None else \
+            dict.fromkeys(asked, False)
         added: set[Any] = set()  # G1 blocks this batch made resident
         dropped: set[Any] = set()  # and removed
         cleared = False
-        for e in events:
+        counts: dict[str, list[int]] = {}  # tenant -> [lookups, hits] in this batch
+        for e, g in zip(events, in_g1, strict=True):
             kind = e.KIND
             if kind == CLEARED:
                 cleared, added, dropped = True, set(), set()
                 continue
-            if tier_of(e.medium, e.locality) is not Tier.G1:
+            if not g:
                 continue
             hashes = e.block_hashes
             if kind != STORED:
                 dropped.update(hashes)
                 added.difference_update(hashes)
                 continue
-            hits = 0
-            for h in hashes:
-                if h in added or (not cleared and h not in dropped and resident.get(h, False)):
-                    hits += 1
-                added.add(h)
-                dropped.discard(h)
+            if cleared or dropped:
+                hits = sum(1 for h in hashes if h in added or (not cleared and h not in dropped and resident[h]))
+                dropped.difference_update(hashes)
+            else:
+                hits = sum(1 for h in hashes if h in added or resident[h])
+            added.update(hashes)
             tenant = tenant_of(e)
             if not tenant:
                 self.odd_names += 1
                 tenant = OTHER
-            self.cap.add(tenant, len(hashes), {LOOKUPS: len(hashes), HITS: hits})
+            tally = counts.setdefault(tenant, [0, 0])
+            tally[0] += len(hashes)
+            tally[1] += hits
+        for tenant, (lookups, hits) in counts.items():
+            self.cap.add(tenant, lookups, {LOOKUPS: lookups, HITS: hits})
 
 
 TENANT_LOOKUP_BLOCKS = "kvscope_tenant_kv_lookup_blocks_total"
