@@ -49,6 +49,12 @@ Also: TTFT, queue and prefill histograms with vLLM's bucket edges; running/waiti
 capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size → G1 tokens) and
 `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
 
+Newer families (0.33, docs/vllm.md "Newer families"): the `--kv-cache-metrics` block histograms
+(lifetime, idle before eviction, reuse gap) as G1 histograms; waiting requests by reason;
+`kv_offload_cpu_cache_usage_perc` as the share of G2 pinned by transfers (not used bytes: evictable
+chunks count as free); tiering lookup delays per tier and mode; failed promotion (T→G2) and cascade
+(G2→T) jobs per link.
+
 Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
 A restart is not always a decrease: a vLLM that served as many requests between two scrapes after its
 restart as before it shows the same totals again. So each target's `process_start_time_seconds` (the

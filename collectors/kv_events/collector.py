@@ -8,6 +8,10 @@ applies it to that rank's Residency (residency.py); `collect()` reports the aggr
 the KV bytes each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token`
 option) where all three are known.
 
+After batches lost for good, resident blocks stay exported as an estimate beside
+`kvscope_kv_residency_known` 0 (residency.py: a tier anchored once in a known state); a late joiner's
+stay absent. With `tenants_top_n`, G1 lookups and hits per LoRA adapter (tenants.py).
+
 Nothing a publisher sends stops the thread: every message it cannot take is counted and skipped. Should
 the thread end all the same, the next collection fails (kvscope_collector_up 0) and starts a new one.
 """

@@ -5,6 +5,12 @@ whenever read). vLLM re-announces blocks it reuses when a request asks for `kv_c
 store of a block already resident changes nothing; a removal of a block we never saw (stored before we
 joined, or in a lost batch) is ignored and counted.
 
+Known and anchored: a tier's residency is known (exact) when every batch since a known-empty state was
+applied. A tier that was known once since its publisher started (seen from seq 0, G1 since an
+AllBlocksCleared, every tier since a publisher restart) is anchored: after a lost batch it is no longer
+known but still anchored, and its count is an estimate off by at most what the lost batches stored and
+removed (docs/vllm-kv-events.md). A late joiner's tiers are neither until a replay from seq 0.
+
 Each tier also feeds its stores to a reuse-distance tracker (collectors/kv_events/reuse.py); G1's tracker also hands its
 sampled stores to the what-if analysis' access stream, when one is given (kvscope.agent.core.kv_access).
 
