@@ -13,7 +13,9 @@ tenant would let a thousand tenants make a thousand series per metric; this keep
   `other`, and so does its traffic while it is not shown. Every exported series only grows, and the last
   values of all series ever exported add up to all the traffic counted.
 - Memory: at most `max_tracked` tenants are remembered between ranks (the busiest); the rest are forgotten
-  (counted), and a forgotten tenant that comes back starts again from zero.
+  (counted), and a forgotten tenant that comes back starts again from zero. Between two ranks at most
+  `max_tracked` new tenants are taken in; beyond that (a flood of names) a new tenant's traffic counts for
+  `other` without its name being kept (`unranked`, in traffic units).
 """
 
 from __future__ import annotations
@@ -34,19 +36,23 @@ class TenantCap:
         self._shown: set[str] = set()
         self._totals: dict[str, dict[str, float]] = {}
         self._exported: dict[str, dict[str, float]] = {}  # the totals shown() last gave, per tenant
-        self.forgotten = 0  # tenants dropped from memory to stay within max_tracked
+        self.forgotten = 0  # tenants dropped from memory at a rank to stay within max_tracked
+        self.unranked = 0.0  # traffic of tenants not taken in between two ranks (no room): counted for `other`
 
     def add(self, tenant: str, traffic: float, amounts: Mapping[str, float]) -> None:
-        self._traffic[tenant] = self._traffic.get(tenant, 0.0) + traffic
-        if tenant not in self._shown and len(self._shown) < self.top_n and tenant != OTHER:
-            self._shown.add(tenant)
+        if tenant in self._traffic or (tenant != OTHER and len(self._traffic) < 2 * self.max_tracked):
+            self._traffic[tenant] = self._traffic.get(tenant, 0.0) + traffic
+            if tenant not in self._shown and len(self._shown) < self.top_n:
+                self._shown.add(tenant)
+        elif tenant != OTHER:  # no room until the next rank: `other`, and the name is not kept
+            self.unranked += traffic
         totals = self._totals.setdefault(tenant if tenant in self._shown else OTHER, {})
         for name, amount in amounts.items():
             totals[name] = totals.get(name, 0.0) + amount
 
     def rank(self) -> None:
         ranked = sorted(self._traffic.items(), key=lambda item: (-item[1], item[0]))
-        shown = {tenant for tenant, traffic in ranked[:self.top_n] if traffic > 0 and tenant != OTHER}
+        shown = {tenant for tenant, traffic in ranked[:self.top_n] if traffic > 0}
         for tenant in self._shown - shown:  # what it counted since it was last exported goes to `other`
             self._fold(tenant)
         self._shown = shown
@@ -77,4 +83,4 @@ class TenantCap:
     @property
     def folded(self) -> int:
         """Tenants remembered and not shown: their traffic counts for `other`."""
-        return len(self._traffic.keys() - self._shown - {OTHER})
+        return len(self._traffic.keys() - self._shown)

@@ -138,6 +138,7 @@ TENANT_HIT_BLOCKS = "kvscope_tenant_kv_hit_blocks_total"
 TENANTS_FOLDED = "kvscope_tenants_folded"
 TENANTS_FORGOTTEN = "kvscope_tenants_forgotten_total"
 TENANT_ODD_NAMES = "kvscope_tenant_odd_name_events_total"
+TENANT_UNRANKED_BLOCKS = "kvscope_tenant_unranked_lookup_blocks_total"
 _SRC = "vLLM KV events (lora_name)"
 TENANT_METRICS = (
     counter(TENANT_LOOKUP_BLOCKS, "blocks", (*ENGINE_LABELS, "tenant"),
@@ -149,7 +150,11 @@ TENANT_METRICS = (
     gauge(TENANTS_FOLDED, "", ENGINE_LABELS,
           "Tenants remembered whose traffic counts for tenant=\"other\" (not in the top tenants_top_n).", _SRC),
     counter(TENANTS_FORGOTTEN, "", ENGINE_LABELS,
-            "Tenants dropped from memory to stay within tenants_max_tracked (the least busy).", _SRC),
+            "Tenants dropped from memory at a collection to stay within tenants_max_tracked (the least busy).",
+            _SRC),
+    counter(TENANT_UNRANKED_BLOCKS, "blocks", ENGINE_LABELS,
+            "Lookups of tenants not taken in between two collections, for want of room (more than "
+            "tenants_max_tracked new names): counted for tenant=\"other\".", _SRC),
     counter(TENANT_ODD_NAMES, "events", ENGINE_LABELS,
             f"BlockStored events whose lora_name was empty or longer than {MAX_TENANT_CHARS} characters: counted "
             "for tenant=\"other\".", _SRC),
@@ -166,5 +171,6 @@ def tenant_readings(accounting: TenantAccounting, labels: tuple[str, ...]) -> li
         out.append(Sample(TENANT_HIT_BLOCKS, (*labels, tenant, Tier.G1.value), totals.get(HITS, 0.0)))
     out.append(Sample(TENANTS_FOLDED, labels, cap.folded))
     out.append(Sample(TENANTS_FORGOTTEN, labels, cap.forgotten))
+    out.append(Sample(TENANT_UNRANKED_BLOCKS, labels, cap.unranked))
     out.append(Sample(TENANT_ODD_NAMES, labels, accounting.odd_names))
     return out

@@ -35,5 +35,19 @@ def test_memory_is_bounded_and_forgetting_is_counted() -> None:
         cap.add(f"t{i}", 1000 - i, {"n": 1})
     shown = exported(cap)
     assert set(shown) == {"t0", "t1", "t2", "t3", "t4", OTHER}
-    assert cap.forgotten == 950 and cap.folded == 45
+    # 100 names taken in before the rank (twice max_tracked), 50 of them pruned at it; the 900 others'
+    # traffic went to other without their names
+    assert cap.forgotten == 50 and cap.folded == 45
+    assert cap.unranked == sum(1000 - i for i in range(100, 1000))
     assert sum(shown.values()) == 1000
+
+
+def test_a_flood_of_names_between_two_ranks_keeps_memory_bounded() -> None:
+    cap = TenantCap(top_n=5, max_tracked=50)
+    for i in range(100_000):
+        cap.add(f"flood-{i}", 1, {"n": 1})
+    assert cap.folded <= 2 * 50  # names remembered, whatever the flood
+    shown = exported(cap)
+    assert sum(shown.values()) == 100_000  # every unit still counted, in the 5 first names or in other
+    assert cap.unranked == 100_000 - 2 * 50  # no room between two ranks: counted for other, names not kept
+    assert cap.forgotten == 2 * 50 - 50  # pruned at the rank
