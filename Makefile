@@ -52,14 +52,18 @@ lint: $(STAMP)
 test: $(STAMP) tools lint
 	$(BIN)/pytest
 
-# A real vLLM (the CPU build, in its own venv: e2e/setup_vllm.sh, cached) on a tiny local Llama, with
-# `kvscope run` beside it; kvscope's figures against the engine's own counters (e2e/).
+# A real vLLM (the CPU build, in its own venv: e2e/setup_vllm.sh, cached) on a tiny local Llama, and a real
+# NVIDIA Dynamo (frontend, KV router, two mocker workers; e2e/setup_dynamo.sh, cached), each with `kvscope run`
+# beside it; kvscope's figures against the engines' own counters (e2e/).
 E2E_VENV ?= .e2e/vllm
 AIPERF_VENV ?= .e2e/aiperf
+DYNAMO_VENV ?= .e2e/dynamo
 e2e: $(STAMP)
 	e2e/setup_vllm.sh $(E2E_VENV)
 	e2e/setup_aiperf.sh $(AIPERF_VENV)
-	KVSCOPE_E2E_VENV=$(abspath $(E2E_VENV)) KVSCOPE_E2E_AIPERF_VENV=$(abspath $(AIPERF_VENV)) $(BIN)/pytest e2e
+	e2e/setup_dynamo.sh $(DYNAMO_VENV)
+	KVSCOPE_E2E_VENV=$(abspath $(E2E_VENV)) KVSCOPE_E2E_AIPERF_VENV=$(abspath $(AIPERF_VENV)) \
+	  KVSCOPE_E2E_DYNAMO_VENV=$(abspath $(DYNAMO_VENV)) $(BIN)/pytest e2e
 
 # >= 100,000 inputs into every parser and decoder of the agent's inputs; counts and crashes per target,
 # crashing inputs kept in fuzz-crashes/ (tests/lib/testkit/fuzz.py; about a minute on 2 cores)

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,50 +21,13 @@ import pytest
 import yaml
 
 from testkit.live_vllm import SMALL_G1_BLOCKS
-from testkit.processes import stop
+from testkit.processes import free_port, stop, wait_http
 
 HERE = Path(__file__).resolve().parent
 BLOCK_TOKENS = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 2048
 KV_BYTES_PER_TOKEN = 512  # tiny_llama.py: 2 layers × 2 (K, V) × 2 KV heads × head dim 32 × 2 bytes (bf16)
 SIDECAR_CONFIG = HERE.parent / "deploy" / "kubernetes" / "configmap.yaml"
-
-
-_TAKEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A port to listen on, free now and below the kernel's ephemeral range. vLLM binds its ports ~15 s
-    after it is told them, and meanwhile the sidecar's outgoing connections (to those very ports) take
-    ephemeral source ports: a port picked from that range (bind to 0) was once taken so, and vLLM failed
-    with "Address already in use"."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.SystemRandom()
-    for _ in range(1000):
-        port = rng.randrange(10000, max(10001, low))
-        if port in _TAKEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _TAKEN.add(port)
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
-
-
-def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{url}: the process exited ({process.returncode}); log tail:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"{url} not ready after {seconds:.0f} s; log tail:\n{log.read_text()[-3000:]}")
 
 
 def sidecar_config() -> str:
@@ -190,3 +149,21 @@ def launcher(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) 
     def start(name: str, folder: Path | None = None, **kwargs: Any) -> Any:
         return launch(venv, model, folder or tmp_path_factory.mktemp(name), **kwargs)
     return start
+
+
+@pytest.fixture(scope="session")
+def dynamo_venv() -> Path:
+    """ai-dynamo's venv, from e2e/setup_dynamo.sh (Makefile: KVSCOPE_E2E_DYNAMO_VENV)."""
+    path = Path(os.environ.get("KVSCOPE_E2E_DYNAMO_VENV", HERE.parent / ".e2e" / "dynamo"))
+    if not (path / "bin" / "python").exists():
+        pytest.fail(f"no Dynamo venv at {path}: run `make e2e` (it runs e2e/setup_dynamo.sh first)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def dynamo_model(dynamo_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's tokenizer and config (the mocker loads nothing else), built with Dynamo's venv."""
+    folder = tmp_path_factory.mktemp("tiny-llama-tokenizer")
+    subprocess.run([str(dynamo_venv / "bin" / "python"), str(HERE / "tiny_llama.py"), str(folder), "--no-weights"],
+                   check=True, capture_output=True)
+    return folder

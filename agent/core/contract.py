@@ -115,8 +115,10 @@ ENGINE_EXTRA_METRICS = (
     counter(PREEMPTIONS, "", _E,
             "Requests preempted (vLLM) or retracted (SGLang) because KV space ran out: KV pressure.", "engine"),
     counter(KV_CACHED_TOKENS, "tokens", _E,
-            "Prompt tokens served from the KV cache, all tiers together, as a frontend counts them per request "
-            "(Dynamo); the split by tier is kvscope_kv_hit_tokens_total from the engine adapters.", "engine"),
+            "Prompt tokens a router predicted cached on the worker it chose, at routing time (Dynamo's frontend "
+            "cached_tokens, equal to its router's selected cached prefix tokens in 1.6.1): a prediction from the "
+            "router's index of KV events, not tokens an engine served; those are kvscope_kv_hit_tokens_total.",
+            "engine"),
     histogram(KV_LOAD_SECONDS, "seconds", _E,
               "Time of each load of KV from a connector's tiers toward G1, as the connector times it (LMCache "
               "retrieve).", "engine"),

@@ -66,14 +66,17 @@ METRICS = (gauge(DISCOVERED, "", ("engine", "url"),
 class DiscoveryOptions:
     candidates: list[str] = field(default_factory=lambda: list(DEFAULT_CANDIDATES))
     reprobe_interval_seconds: float = 300.0  # after the probe at start
+    # while a Dynamo worker's page serves no engine lines yet (its engine's appear with its first request)
+    awaiting_engine_reprobe_seconds: float = 10.0
     probe_timeout_seconds: float = 1.0  # per candidate; all are probed in parallel
     max_response_bytes: int = 8 * MIB
     kv_bytes_per_token: int = 0  # the model's KV bytes per token, for the adapters that convert to bytes
 
     def validate(self, path: str) -> None:
         check_targets(self.candidates, NAME)
-        if self.reprobe_interval_seconds <= 0 or self.probe_timeout_seconds <= 0:
-            raise ValueError("reprobe_interval_seconds and probe_timeout_seconds must be > 0")
+        if min(self.reprobe_interval_seconds, self.probe_timeout_seconds, self.awaiting_engine_reprobe_seconds) <= 0:
+            raise ValueError("reprobe_interval_seconds, awaiting_engine_reprobe_seconds and probe_timeout_seconds "
+                             "must be > 0")
         if self.kv_bytes_per_token < 0:
             raise ValueError("kv_bytes_per_token: must be >= 0 (0 = unknown)")
 
@@ -96,6 +99,14 @@ def identify(page: ScanResult) -> set[str]:
     return kinds
 
 
+def awaits_engine(page: ScanResult) -> bool:
+    """A Dynamo worker's page without its engine's lines: Dynamo 1.6's workers (the mocker, as a vLLM worker's
+    system port) serve the engine's `vllm:*` lines only from their first request on."""
+    names = page.samples.keys()
+    return (identify(page) == {"dynamo"} and any(n.startswith("dynamo_component_") for n in names)
+            and not any(n.startswith("dynamo_frontend_") for n in names))
+
+
 def models_of(page: ScanResult) -> set[str]:
     return {labels[key] for rows in page.samples.values() for labels, _ in rows
             for key in ("model_name", "model") if labels.get(key)}
@@ -108,6 +119,7 @@ class Found:
     urls: dict[str, list[str]] = field(default_factory=dict)
     models: set[str] = field(default_factory=set)
     geometry_url: str = ""  # a page that says the engine's block size (vLLM's, or the Dynamo frontend's)
+    awaiting_engine: list[str] = field(default_factory=list)  # Dynamo worker pages without their engine's lines
 
 
 Builder = Callable[[list[str], Found], Collector]
@@ -132,8 +144,10 @@ class DiscoveryCollector:
         if self._configured:
             return []
         if self._clock() >= self._next_probe:
-            self._next_probe = self._clock() + self._options.reprobe_interval_seconds
             self._use(self._probe())
+            o = self._options
+            wait = o.awaiting_engine_reprobe_seconds if self._found.awaiting_engine else o.reprobe_interval_seconds
+            self._next_probe = self._clock() + wait
         readings: list[Reading] = [Sample(DISCOVERED, (kind, url), 1.0)
                                    for kind, urls in self._found.urls.items() for url in urls]
         for adapter in self._adapters.values():
@@ -159,6 +173,8 @@ class DiscoveryCollector:
             for kind in sorted(identify(page)):
                 found.urls.setdefault(kind, []).append(url)
             found.models |= models_of(page)
+            if awaits_engine(page):
+                found.awaiting_engine.append(url)
             if not found.geometry_url and block_size_of(page):
                 found.geometry_url = url
         return found

@@ -9,11 +9,14 @@ the engine's own lines (`vllm:*`, `sglang:*`) passed through on the same page.
   edges kept (0 … 480 s); it includes routing, so it is not the engine's TTFT;
 - `dynamo_frontend_input_sequence_tokens` (`_sum`) → `kvscope_prompt_tokens_total`;
 - `dynamo_frontend_requests_total{status}` → `kvscope_requests_finished_total{reason}` (success, error);
-- `dynamo_frontend_cached_tokens` (`_sum`, builds that have it) → `kvscope_kv_cached_tokens_total` (all tiers);
-- `dynamo_frontend_kv_hit_rate` (the router's predicted overlap with a worker's GPU cache) and the workers'
-  `gpu_prefix_cache_hit_rate` → `kvscope_engine_hit_ratio{tier="G1"}`;
-- `dynamo_frontend_model_total_kv_blocks` × `model_kv_cache_block_size` → `kvscope_tier_capacity_tokens{G1}`;
-- the workers' `gpu_cache_usage_percent` (a 0–1 ratio despite the name; `kvstats_` in some builds) →
+- `dynamo_frontend_cached_tokens` (`_sum`) → `kvscope_kv_cached_tokens_total`: the router's predicted overlap
+  (a live 1.6.1 frontend's equals its router's `kv_selected_cached_prefix_tokens_total`), not an engine's hits;
+- `dynamo_frontend_kv_hit_rate` (older builds; 1.6.1 serves none) and the workers' `gpu_prefix_cache_hit_rate`
+  → `kvscope_engine_hit_ratio{tier="G1"}`;
+- `dynamo_frontend_model_total_kv_blocks` × `model_kv_cache_block_size` → `kvscope_tier_capacity_tokens{G1}`:
+  one worker's G1 (each worker serving the model has as many), not the sum over workers;
+- the workers' `gpu_cache_usage_percent` (a 0–1 ratio despite the name; `kvstats_` in some builds; 1.6.1's
+  workers serve none: their engine's `vllm:kv_cache_usage_perc` is the vLLM adapter's) →
   `kvscope_kv_cache_usage_ratio`.
 
 No double counting: this adapter reads only `dynamo_*` names, so the `vllm:*` lines of a worker page are the

@@ -36,7 +36,7 @@ from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.streams import KV_ACCESS, StreamUse
 from kvscope.agent.core.tenants import TenantCap
 from kvscope.agent.core.tiers import STORAGE_TIERS, Tier
-from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency
+from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency, tier_of
 from kvscope.collectors.kv_events.schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
 from kvscope.collectors.kv_events.sequence import Sequencer, Stream, log_once
 from kvscope.collectors.kv_events.subscriber import Frames, Receiver, SocketOptions
@@ -186,6 +186,9 @@ class VllmKvEventsOptions:
     # tokens per block hash for stores whose BlockStored carries no block_size (0 on the wire, as vLLM's
     # offload placeholder events send); a size the events carry always wins. 0 = unknown.
     default_block_size: int = 0
+    # the medium of events that carry none: Dynamo 1.6.1's mocker workers (--zmq-kv-events-ports) send no medium
+    # on their G1 events; "GPU" puts them in G1. "" leaves them unattributed, as vLLM before mediums.
+    default_medium: str = ""
     # G1 lookups and hits per tenant (LoRA adapter; collectors/kv_events/tenants.py): the top N tenants by
     # recent lookups get series of their own, the rest share tenant="other". 0 = off.
     tenants_top_n: int = 0
@@ -229,6 +232,8 @@ class VllmKvEventsOptions:
                              f"{self.tenants_max_tracked}")
         if self.default_block_size < 0:
             raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
+        if self.default_medium and tier_of(self.default_medium, None) is Tier.UNATTRIBUTED:
+            raise ValueError(f"default_medium: must be GPU, CPU, STORAGE or \"\" (none), got {self.default_medium!r}")
 
 
 class VllmKvEventsCollector:
@@ -250,13 +255,15 @@ class VllmKvEventsCollector:
             Stream(r, rank_endpoint(options.endpoint, r),
                    rank_endpoint(options.replay_endpoint, r) if options.replay_endpoint else "",
                    Residency(options.reuse_max_tracked_blocks, options.reuse_sample_rate,
-                             access_log.stream(labels[r], options.reuse_sample_rate) if access_log else None),
+                             access_log.stream(labels[r], options.reuse_sample_rate) if access_log else None,
+                             options.default_medium or None),
                    labels[r])
             for r in range(options.data_parallel_size)
         ]
         if options.tenants_top_n:
             for s in self.streams:
-                s.residency.tenants = TenantAccounting(TenantCap(options.tenants_top_n, options.tenants_max_tracked))
+                s.residency.tenants = TenantAccounting(TenantCap(options.tenants_top_n, options.tenants_max_tracked),
+                                                       options.default_medium or None)
         self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
             options.topic.encode(), options.rcvhwm, options.max_message_bytes, options.max_queue_bytes,
             options.replay_timeout, options.tail_check_after), self.handle, self._check_tail, clock)

@@ -126,8 +126,11 @@ class TierState:
 class Residency:
     """Residency, counters and reuse of one publisher (one data-parallel rank), per tier."""
 
-    def __init__(self, max_tracked: int, sample_rate: float = 1.0, access: AccessStream | None = None) -> None:
+    def __init__(self, max_tracked: int, sample_rate: float = 1.0, access: AccessStream | None = None,
+                 medium_when_absent: str | None = None) -> None:
         self._max_tracked = max_tracked
+        # the medium of events that carry none (Dynamo's mocker sends none; None leaves them unattributed)
+        self._medium_when_absent = medium_when_absent
         self._sample_rate = sample_rate
         self.access = access
         # with the what-if analysis on: a marker before each batch's sampled G1 keys (kvscope.agent.core.kv_access)
@@ -156,7 +159,8 @@ class Residency:
         if state is None:
             if len(self._tier_cache) > 256:  # a stream of junk mediums must not grow this forever
                 self._tier_cache.clear()
-            state = self._tier_cache[key] = self.tier(tier_of(medium, locality))
+            own = medium if medium is not None else self._medium_when_absent
+            state = self._tier_cache[key] = self.tier(tier_of(own, locality))
         return state
 
     def apply(self, events: list[Any], unknown: int = 0, gpu_stores_only: bool = False) -> None:

@@ -89,12 +89,14 @@ def tenant_of(event: Any) -> str:
 class TenantAccounting:
     """Counts one batch's G1 stores per tenant before residency applies it (Residency.tenants)."""
 
-    def __init__(self, cap: TenantCap) -> None:
+    def __init__(self, cap: TenantCap, medium_when_absent: str | None = None) -> None:
         self.cap = cap
+        self._medium_when_absent = medium_when_absent  # as Residency's (the default_medium option)
         self.odd_names = 0  # stores whose lora_name was empty or too long: counted for `other`
 
     def account(self, g1: TierState | None, events: list[Any]) -> None:
-        in_g1 = [tier_of(e.medium, e.locality) is Tier.G1 for e in events]
+        absent = self._medium_when_absent
+        in_g1 = [tier_of(e.medium if e.medium is not None else absent, e.locality) is Tier.G1 for e in events]
         asked = [h for e, g in zip(events, in_g1, strict=True) if g and e.KIND == STORED for h in e.block_hashes]
         if not asked:
             return

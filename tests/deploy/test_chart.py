@@ -107,6 +107,11 @@ def test_the_charts_sidecar_is_the_documented_one() -> None:
     config = {r["metadata"]["name"]: r for r in by_kind(resources, "ConfigMap")}["kvscope-sidecar"]
     configmap = yaml.safe_load((ROOT / "deploy/kubernetes/configmap.yaml").read_text())
     assert config["data"]["kvscope.toml"] == configmap["data"]["kvscope.toml"]
+    # an operator's own config, where values.yaml documents it, replaces the default one
+    own = '[collectors.vllm]\nenabled = true\nurl = "http://127.0.0.1:8000/metrics"\n'
+    mine = render({"sidecar": {"configMap": {"config": own}}})
+    config = {r["metadata"]["name"]: r for r in by_kind(mine, "ConfigMap")}["kvscope-sidecar"]
+    assert config["data"]["kvscope.toml"].strip() == own.strip()
     image = render({"image": {"repository": "registry.example/kvscope", "digest": "sha256:" + "a" * 64}})
     (daemonset,) = by_kind(image, "DaemonSet")
     image_name = daemonset["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -8,6 +8,7 @@ of `agent.reference.attached_agent`, and reads, per run, what the agent's store 
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,10 @@ from kvscope.agent.tools.reference.openai_server import ReferenceServer
 from kvscope.agent.tools.reference.scenarios import LoadResult, _drive, _prompt, running_engine
 from kvscope.collectors.host.inputs import block_device_of
 
+# How long a run's end waits for its last requests' attribution (released within a scrape or two of the
+# engine observing their phases; the aggregate's own hold ends by 30 s at most).
+SETTLE_DEADLINE_SECONDS = 35.0
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseView:
@@ -34,6 +39,7 @@ class PhaseView:
     g4_bytes: float  # G4 -> G2 transfer bytes (the fetch off G4)
     g4_seconds: float
     windows: list[Window]
+    settled: bool  # every request of the run was counted and its TTFT wholly attributed at the end
 
     @property
     def fetch_share(self) -> float:
@@ -71,12 +77,46 @@ def _snapshot(attached: AttachedAgent, key: tuple[str, str, str]) -> dict[str, f
     return out
 
 
-def _view(label: str, start: dict[str, float], end: dict[str, float], windows: list[Window]) -> PhaseView:
+def _growth(start: dict[str, float], end: dict[str, float], key: str) -> float:
+    return end.get(key, 0.0) - start.get(key, 0.0)
+
+
+def _attributed(start: dict[str, float], end: dict[str, float], requests: int) -> bool:
+    """Every request of the run counted, and the components of the aggregate attribution add up to its TTFT
+    (a window whose TTFTs are ahead of their queue and prefill times is held back until they come)."""
+    ttft = _growth(start, end, "ttft")
+    parts = sum(_growth(start, end, c) for c in COMPONENTS)
+    return _growth(start, end, "requests") == requests and abs(parts - ttft) <= 1e-6 * max(ttft, 1.0)
+
+
+def _settled_snapshot(attached: AttachedAgent, key: tuple[str, str, str], start: dict[str, float],
+                      requests: int, interval: float, deadline: float = SETTLE_DEADLINE_SECONDS
+                      ) -> tuple[dict[str, float], bool]:
+    """The totals once the run is wholly attributed: the engine observes a request's queue and prefill time a
+    moment after its client has the last token, so the window read right then is still held. Steps (as a
+    reader does) until it is released; (totals, settled) — not settled at the deadline."""
+    phase, attached.phase = attached.phase, "settle"  # the windows stepped here belong to neither run
+    try:
+        ends = time.monotonic() + deadline
+        while True:
+            attached.step()
+            end = _snapshot(attached, key)
+            if _attributed(start, end, requests):
+                return end, True
+            if time.monotonic() > ends:
+                return end, False
+            time.sleep(interval)
+    finally:
+        attached.phase = phase
+
+
+def _view(label: str, start: dict[str, float], end: dict[str, float], windows: list[Window],
+          settled: bool) -> PhaseView:
     def d(k: str) -> float:
-        return end.get(k, 0.0) - start.get(k, 0.0)
+        return _growth(start, end, k)
 
     return PhaseView(label, d("requests"), d("ttft"), {c: d(c) for c in COMPONENTS},
-                     d("g4_bytes"), d("g4_seconds"), [w for w in windows if w.phase == label])
+                     d("g4_bytes"), d("g4_seconds"), [w for w in windows if w.phase == label], settled)
 
 
 def run_noisy_neighbour(base: EngineConfig, requests: int, prompts: int, concurrency: int, prompt_tokens: int,
@@ -103,6 +143,7 @@ def run_noisy_neighbour(base: EngineConfig, requests: int, prompts: int, concurr
         attached = AttachedAgent.build(server.url + "/metrics", device)
         key = ("reference", config.served_model_name, config.engine_index)
         marks: dict[str, dict[str, float]] = {}
+        settled: dict[str, bool] = {}
         results: list[LoadResult] = []
         try:
             attached.step()  # the first window only establishes the totals
@@ -118,14 +159,15 @@ def run_noisy_neighbour(base: EngineConfig, requests: int, prompts: int, concurr
                 marks[label] = _snapshot(attached, key)
                 with injector if label == "noisy" else nullcontext():
                     seconds, truths = _drive(engine, order, concurrency)
-                    attached.step()
-                    marks[f"{label} end"] = _snapshot(attached, key)
+                    attached.step()  # the run's last window, then (outside it) until its attribution is whole
+                    marks[f"{label} end"], settled[label] = _settled_snapshot(attached, key, marks[label],
+                                                                              requests, interval)
                 results.append(LoadResult(label, requests, seconds, truths))
         finally:
             attached.close()
             server.stop()
     injector.path.unlink(missing_ok=True)
-    views = [_view(p, marks[p], marks[f"{p} end"], attached.windows) for p in ("quiet", "noisy")]
+    views = [_view(p, marks[p], marks[f"{p} end"], attached.windows, settled[p]) for p in ("quiet", "noisy")]
     return NoisyNeighbourResult(device, results[0], results[1], views[0], views[1], injector.bytes_moved,
                                 (injector.stopped_at or 0.0) - (injector.started_at or 0.0), injector.direct)
 

@@ -64,6 +64,10 @@ def noisy_checks(plan: NoisyPlan, workdir: Path | None = None) -> list[Check]:
     checks += _phase_checks("noisy-neighbour, noise", r.noisy, r.noisy_view)
     quiet, noisy = r.quiet_view, r.noisy_view
     run = "noisy-neighbour"
+    for view in (quiet, noisy):  # the figures below are read from a wholly attributed run
+        parts = sum(view.components.values())
+        checks.append(Check(run, f"{view.label} run attributed whole at its end (component seconds)", view.ttft,
+                            parts, parts - view.ttft, "= TTFT sum", view.settled))
     checks.append(Check(run, "contention signal, quiet run (windows raised)", 0, quiet.raised, quiet.raised,
                         "0", quiet.raised == 0))
     checks.append(Check(run, "contention signal, noisy run (windows raised)", len(noisy.windows), noisy.raised,

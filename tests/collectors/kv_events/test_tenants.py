@@ -14,9 +14,10 @@ import pytest
 from kvscope.agent.app.wiring import build_catalogue
 from kvscope.agent.core.readings import Sample
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.tenants import TenantCap
 from kvscope.agent.tools.reference.kv_publisher import BlockStored, KVEventBatch
 from kvscope.collectors.kv_events.collector import NAME, VllmKvEventsCollector
-from kvscope.collectors.kv_events.tenants import TenantBatchDecoder, tenant_of
+from kvscope.collectors.kv_events.tenants import TenantAccounting, TenantBatchDecoder, tenant_of
 from testkit.kv_zmq import LAB, Publisher, Subscribers, subscribers
 
 pytestmark = pytest.mark.integration
@@ -143,3 +144,18 @@ def test_a_batch_from_before_lora_name_counts_for_base() -> None:
     event = ["BlockStored", [7], None, [1, 2], 2, None, "GPU"]
     batch = TenantBatchDecoder().decode(msgspec.msgpack.encode([1.5, [event], 0]))
     assert [tenant_of(e) for e in batch.events] == ["base"]
+
+
+def test_stores_without_a_medium_count_in_g1_under_default_medium() -> None:
+    """Dynamo's mocker workers send no medium; with default_medium = "GPU" residency puts those stores in G1,
+    and so does the tenant count."""
+    event = {"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None, "token_ids": [1, 2],
+             "block_size": 1, "lora_id": None, "medium": None, "lora_name": "lora-x"}
+    batch = TenantBatchDecoder().decode(msgspec.msgpack.encode([1.5, [event], 0]))
+    counted, ignored = TenantCap(5, 10), TenantCap(5, 10)
+    TenantAccounting(counted, "GPU").account(None, batch.events)
+    TenantAccounting(ignored).account(None, batch.events)
+    counted.rank()
+    ignored.rank()
+    assert counted.shown() == [("lora-x", {"lookups": 2, "hits": 0})]
+    assert ignored.shown() == []

@@ -62,8 +62,12 @@ def stream(live: Any, prompt: str, full_report: bool = False) -> float:
                             "ignore_eos": True}
     if full_report:
         body["vllm_xargs"] = {"kv_cache_report_mode": "full"}
-    request = urllib.request.Request(f"{live.engine_url}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    return first_chunk_seconds(f"{live.engine_url}/v1/completions", body)
+
+
+def first_chunk_seconds(url: str, body: dict[str, Any]) -> float:
+    """POSTs a streaming OpenAI request and reads its whole answer; the seconds to its first data chunk."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     start = time.monotonic()
     first = None
     with urllib.request.urlopen(request, timeout=60) as response:

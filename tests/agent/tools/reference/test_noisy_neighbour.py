@@ -103,6 +103,11 @@ def check_noisy_neighbour(directory: Path, private: bool) -> None:
                             noise=NoiseSpec(threads=4, file_bytes=512 * MIB))
     quiet, noisy = r.quiet_view, r.noisy_view
     assert quiet.requests == noisy.requests == 16  # the agent saw every request of each run
+    # and attributed all of each run's TTFT before it was read: read as the last client got its last token,
+    # the aggregate still held the window whose queue and prefill times the engine had not yet observed, and
+    # under load a run's fetch read 0.005 s a request of a TTFT of 0.079 s (its components missing, not small)
+    for view in (quiet, noisy):
+        assert view.settled and sum(view.components.values()) == pytest.approx(view.ttft, rel=1e-6), view
     assert r.noise_bytes > 0
     # The build VM's disk is shared with other processes (other test runs): when they load it during the
     # quiet run, there IS a neighbour then and the agent rightly says so (seen: quiet windows at 0.5-0.7

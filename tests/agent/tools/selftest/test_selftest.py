@@ -259,7 +259,7 @@ def test_noisy_phase_checks_pass_on_agreement_and_miss_on_a_wrong_split() -> Non
 
     def view(fetch: float, prefill: float) -> PhaseView:
         return PhaseView("quiet", 4.0, 0.4, {"queue": 0.04, "fetch": fetch, "prefill": prefill, "other": 0.0},
-                         1.0, 1.0, [])
+                         1.0, 1.0, [], True)
 
     assert all(c.passed for c in _phase_checks("x", load, view(0.32, 0.04)))
     missed = [c.quantity for c in _phase_checks("x", load, view(0.26, 0.10)) if not c.passed]
