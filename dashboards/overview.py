@@ -26,6 +26,13 @@ OFFLOAD = (f'kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G1", dst=~"G2|G3|G
            f' or kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G3", dst="G4"}}')
 
 
+def _median(histogram: str) -> str:
+    """p50 per tier of a histogram over the selected pods; a tier with no observations in the window (NaN) is not
+    drawn."""
+    return (f"histogram_quantile(0.5, sum by (tier, le) (rate({histogram}_bucket{{{ENGINE}, {TIER}}}"
+            "[$__rate_interval]))) >= 0")
+
+
 def build() -> Dashboard:
     paying_off = [
         stat_panel("Prompt tokens served from the cache", (
@@ -100,6 +107,18 @@ def build() -> Dashboard:
              Query(f"sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}}}) / (sum by (model) "
                    f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from any tier {{model}}")],
             dashed=[1, 2], percent_max=True, span=24),
+        timeseries_panel("G1 served share by tenant", (
+            "Of the full G1 blocks each tenant's requests used, the share G1 already held, over the selected "
+            "pods (kvscope_tenant_kv_hit_blocks_total over kvscope_tenant_kv_lookup_blocks_total). A tenant is "
+            "vLLM's LoRA adapter (base: no adapter), read from the KV events when the agent's tenants_top_n is "
+            "set; hits need kv_cache_report_mode=full on the requests. Each pod shows its N busiest tenants, "
+            "the rest as 'other', so a tenant busy on one pod may sit in another pod's 'other' "
+            "(docs/vllm-kv-events.md)."), "percentunit",
+            [Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_blocks_total"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
+                   f"(rate(kvscope_tenant_kv_lookup_blocks_total{{{ENGINE}}}[$__rate_interval])) > 0)",
+                   "{{tenant}} {{tier}}")],
+            percent_max=True),
     ]
     links = [
         timeseries_panel("KV bytes per link: onboard up, offload down", (
@@ -135,32 +154,44 @@ def build() -> Dashboard:
             "for the reuse the workload has."), "suffix: tokens/s",
             [Query(f"sum by (tier) (rate(kvscope_kv_evicted_tokens_total{{{ENGINE}, {TIER}}}[$__rate_interval]))",
                    "{{tier}} evicted")]),
-        timeseries_panel("KV lifetime, idle time before eviction and reuse gap (engine's sample)", (
-            "Medians per tier of what the engine measures on a sample of its chunks or blocks: how long one "
-            "lived from store to eviction (kvscope_kv_lifetime_seconds), how long an evicted one had gone "
-            "untouched (kvscope_kv_idle_before_evict_seconds, dashed) and the time between two uses of the same "
-            "one (kvscope_kv_reuse_gap_seconds). Idle time before eviction well "
-            "under the reuse gap: the tier evicts what would have been reused."), "s",
-            [Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_lifetime_seconds_bucket"
-                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} lifetime p50"),
-             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_idle_before_evict_seconds_bucket"
-                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} idle before eviction p50"),
-             Query("histogram_quantile(0.5, sum by (tier, le) (rate(kvscope_kv_reuse_gap_seconds_bucket"
-                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])))", "{{tier}} reuse gap p50")],
-            dashed=[1], log_scale=True),
+        timeseries_panel("Offload tiers: lookup time (p99) and space pinned by transfers", (
+            "99th percentile of the time one lookup of a block (a chunk) in each offload tier took, blocking "
+            "(kvscope_tier_lookup_delay_seconds, mode=sync; vLLM's tiering offload). Right axis, dashed: the "
+            "largest share of a selected pod's G2 offload space pinned by stores and loads in flight "
+            "(kvscope_tier_transfer_pinned_ratio, vLLM's kv_offload_cpu_cache_usage_perc). That is not how full "
+            "G2 is: high and sustained, transfers are being dropped for want of room."), "s",
+            [Query("histogram_quantile(0.99, sum by (tier, le) (rate(kvscope_tier_lookup_delay_seconds_bucket"
+                   f'{{{ENGINE}, {TIER}, mode="sync"}}[$__rate_interval])))', "{{tier}} lookup p99"),
+             Query(f"max by (tier) (kvscope_tier_transfer_pinned_ratio{{{ENGINE}, {TIER}}})", "{{tier}} pinned")],
+            dashed=[1], right_axis={1: "percentunit"}, log_scale=True),
+        bargauge_panel("Offload jobs that failed, per link, over the time range", (
+            "Transfer jobs between tiers that failed, summed over the selected pods (increase of "
+            "kvscope_kv_transfer_failed_jobs_total; vLLM's tiering offload: promotions T→G2, cascades G2→T). "
+            "A failed promotion is a hit the engine recomputes; a failed cascade, a block the lower tier lacks."),
+            "suffix: jobs",
+            [Query(f"sum by (src, dst) (increase(kvscope_kv_transfer_failed_jobs_total{{{ENGINE}}}[$__range]))",
+                   "{{src}} → {{dst}}", instant=True)]),
     ]
     residency = [
         timeseries_panel("Resident blocks per tier", (
             "KV blocks resident in each tier, summed over the selected pods, as kvscope rebuilds it from the "
-            "engine's KV events (kvscope_kv_resident_blocks). Absent while residency is unknown (the agent "
-            "joined late or lost event batches; see Agent health)."), "suffix: blocks",
-            [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}")], span=8),
+            "engine's KV events (kvscope_kv_resident_blocks). The dashed line on the right axis says whether "
+            "the count is exact: 1 when every selected pod's residency is exact (kvscope_kv_residency_known), "
+            "0 when at least one lost event batches for good; the count is then an estimate, off by at most the "
+            "blocks those batches stored and removed, until the engine clears its prefix cache or restarts. "
+            "Absent for an agent that joined late without a full replay (see Agent health)."),
+            "suffix: blocks",
+            [Query(f"sum by (tier) (kvscope_kv_resident_blocks{{{ENGINE}, {TIER}}})", "{{tier}}"),
+             Query(f"min by (tier) (kvscope_kv_residency_known{{{ENGINE}, {TIER}}})",
+                   "{{tier}} exact (1) or estimate (0)")],
+            dashed=[1], right_axis={1: "none"}, span=8),
         timeseries_panel("Used bytes and capacity per tier", (
             "KV bytes resident in each tier (kvscope_tier_used_bytes: resident blocks from the KV events × "
             "tokens per block × the configured kv_bytes_per_token), summed over the selected pods, against the "
             "tier's capacity as the engine's configuration gives it (kvscope_tier_capacity_bytes, dashed). The "
             "pods' own tiers (G1–G3) add up; a G4 they share is counted once per cluster (the largest capacity "
-            "a pod reports), and its used bytes are what each pod stored, summed."),
+            "a pod reports), and its used bytes are what each pod stored, summed. After lost KV-event batches "
+            "the used bytes are an estimate like the resident blocks (see that panel)."),
             "bytes",
             [Query(f"sum by (tier) (kvscope_tier_used_bytes{{{ENGINE}, {TIER}}})", "{{tier}} used"),
              Query(tier_total("kvscope_tier_capacity_bytes", f"{ENGINE}, {TIER}"), "{{tier}} capacity")],
@@ -171,6 +202,20 @@ def build() -> Dashboard:
             "suffix: tokens",
             [Query(tier_total("kvscope_tier_capacity_tokens", f"{ENGINE}, {TIER}"), "{{tier}}", instant=True)],
             span=8),
+        timeseries_panel("How long each tier keeps blocks, as the engine measures it (p50)", (
+            "Median lifetime of a block (an LMCache chunk) in each tier from its store to its eviction, its idle "
+            "time from last use to eviction, and the time between two uses of it, from the engine's own sampled "
+            "histograms (kvscope_kv_block_lifetime_seconds, _idle_before_evict_seconds, _reuse_gap_seconds: "
+            "vLLM with --kv-cache-metrics for G1, LMCache's multiprocess mode for G1 and its L1/L2 tiers). Right "
+            "axis, dashed: kvscope's own median reuse distance in each tier, in distinct "
+            "blocks stored between two uses (kvscope_kv_block_reuse_distance_blocks, from the KV events). A "
+            "reuse gap longer than the idle time before eviction means blocks leave G1 before they are used "
+            "again."), "s",
+            [Query(_median("kvscope_kv_block_lifetime_seconds"), "{{tier}} lifetime"),
+             Query(_median("kvscope_kv_block_idle_before_evict_seconds"), "{{tier}} idle before eviction"),
+             Query(_median("kvscope_kv_block_reuse_gap_seconds"), "{{tier}} reuse gap"),
+             Query(_median("kvscope_kv_block_reuse_distance_blocks"), "{{tier}} reuse distance (kvscope)")],
+            dashed=[3], right_axis={3: "suffix: blocks"}, log_scale=True, span=12),
     ]
     what_if = [
         bargauge_panel("What if the tiers were other sizes: served share", (

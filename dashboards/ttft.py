@@ -86,9 +86,13 @@ def build() -> Dashboard:
              Query(_quantile("0.95", "kvscope_prefill_time_seconds"), "prefill p95")]),
         timeseries_panel("Requests running and waiting", (
             "Requests in the engine's running batch and waiting to be scheduled, summed over the selected "
-            "pods (kvscope_requests_running, kvscope_requests_waiting)."), "suffix: requests",
+            "pods (kvscope_requests_running, kvscope_requests_waiting); dashed, the waiting ones by why, where "
+            "the engine says it (vLLM: capacity = no room to schedule them, deferred = held by a LoRA budget, a "
+            "KV transfer or a blocked status; kvscope_requests_waiting_by_reason)."), "suffix: requests",
             [Query(f"sum(kvscope_requests_running{{{ENGINE}}})", "running"),
-             Query(f"sum(kvscope_requests_waiting{{{ENGINE}}})", "waiting")]),
+             Query(f"sum(kvscope_requests_waiting{{{ENGINE}}})", "waiting"),
+             Query(f"sum by (reason) (kvscope_requests_waiting_by_reason{{{ENGINE}}})", "waiting: {{reason}}")],
+            dashed=[2]),
     ]
     return build_dashboard(
         "kvscope / TTFT attribution", UID,

@@ -78,9 +78,9 @@ PEER_TRANSFER_BYTES = "kvscope_kv_peer_transfer_bytes_total"
 PEER_TRANSFER_SECONDS = "kvscope_kv_peer_transfer_seconds_total"
 PEER_TRANSFER_FAILURES = "kvscope_kv_peer_transfer_failures_total"
 KV_EVICTED_TOKENS = "kvscope_kv_evicted_tokens_total"
-KV_LIFETIME_SECONDS = "kvscope_kv_lifetime_seconds"
-KV_IDLE_BEFORE_EVICT_SECONDS = "kvscope_kv_idle_before_evict_seconds"
-KV_REUSE_GAP_SECONDS = "kvscope_kv_reuse_gap_seconds"
+KV_LIFETIME_SECONDS = "kvscope_kv_block_lifetime_seconds"
+KV_IDLE_BEFORE_EVICT_SECONDS = "kvscope_kv_block_idle_before_evict_seconds"
+KV_REUSE_GAP_SECONDS = "kvscope_kv_block_reuse_gap_seconds"
 ROUTER_PREDICTED_HIT_RATIO = "kvscope_router_predicted_hit_ratio"
 CONNECTOR_TIER_LOOKUP_BLOCKS = "kvscope_connector_tier_lookup_blocks_total"
 CONNECTOR_TIER_HIT_BLOCKS = "kvscope_connector_tier_hit_blocks_total"
@@ -142,17 +142,21 @@ ENGINE_EXTRA_METRICS = (
             "storage backend missing from its table); the tokens it names are exported as unattributed until "
             "the adapter's options map it. At most 16 values per collector, the rest as value=\"other\".",
             "engine"),
-    # -- issue 26: LMCache's multiprocess mode, eviction and reuse as the engine measures them --
+    # -- eviction and reuse as the engine measures them (vLLM --kv-cache-metrics, LMCache's multiprocess mode) --
     histogram(KV_LIFETIME_SECONDS, "seconds", (*_E, "tier"),
-              "How long a KV chunk or block lived in the tier, from its store to its eviction, as the engine "
-              "measures it on a sample of them (LMCache MP: l1_chunk_lifetime G2, l0_block_lifetime G1).", "engine"),
+              "How long a KV block (an LMCache chunk) lived in the tier, from its store to its eviction, as the "
+              "engine measures it on a sample of them (vLLM kv_block_lifetime_seconds with --kv-cache-metrics: G1; "
+              "LMCache MP l1_chunk_lifetime G2, l0_block_lifetime G1). Blocks never evicted are not in it; the "
+              "engine's bucket edges are kept.", "engine"),
     histogram(KV_IDLE_BEFORE_EVICT_SECONDS, "seconds", (*_E, "tier"),
-              "How long an evicted KV chunk or block had gone untouched before the tier evicted it, as the engine "
-              "measures it (LMCache MP). Short idle times under eviction: the tier is too small for the reuse.",
-              "engine"),
+              "How long an evicted KV block (chunk) had gone untouched before the tier evicted it, as the engine "
+              "measures it (vLLM kv_block_idle_before_evict_seconds: G1; LMCache MP). Idle times short of the "
+              "reuse gap: the tier evicts what would have been reused.", "engine"),
     histogram(KV_REUSE_GAP_SECONDS, "seconds", (*_E, "tier"),
-              "Time between consecutive uses of the same KV chunk or block in the tier, as the engine measures it "
-              "(LMCache MP); kvscope's own reuse distances come from the KV events.", "engine"),
+              "Time between consecutive uses of the same KV block (chunk) in the tier, as the engine measures it "
+              "(vLLM kv_block_reuse_gap_seconds: G1, only its most recent uses kept; LMCache MP). kvscope's own "
+              "reuse distance, in blocks, is kvscope_kv_block_reuse_distance_blocks from the KV events.",
+              "engine"),
     counter(CONNECTOR_TIER_LOOKUP_BLOCKS, "blocks", (*_E, "tier"),
             "KV blocks the connector looked up in that tier, in its own block unit (LMCache MP: chunks of its "
             "chunk_size tokens looked up in L2 by prefetch).", "engine"),

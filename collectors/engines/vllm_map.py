@@ -26,6 +26,15 @@ from kvscope.collectors.scrape.exposition import ScanResult
 
 USAGE_RATIO = "kvscope_kv_cache_usage_ratio"
 REQUESTS_FINISHED = "kvscope_requests_finished_total"
+# vLLM's newer families (docs/vllm.md, "Newer families"): eviction and reuse as the engine measures them,
+# waiting requests by reason, the offload tier's space pinned by transfers, tier lookups and failed jobs
+BLOCK_LIFETIME = c.KV_LIFETIME_SECONDS  # one family with LMCache MP's (agent/core/contract.py)
+BLOCK_IDLE_BEFORE_EVICT = c.KV_IDLE_BEFORE_EVICT_SECONDS
+BLOCK_REUSE_GAP = c.KV_REUSE_GAP_SECONDS
+REQUESTS_WAITING_BY_REASON = "kvscope_requests_waiting_by_reason"
+TIER_PINNED_RATIO = "kvscope_tier_transfer_pinned_ratio"
+TIER_LOOKUP_DELAY = "kvscope_tier_lookup_delay_seconds"
+TRANSFER_FAILED_JOBS = "kvscope_kv_transfer_failed_jobs_total"
 
 # A source tier value meaning "another adapter reports these hits": the KV connector's own adapter (Dynamo
 # KVBM, LMCache) places them in tiers, so the vLLM adapter leaves them out instead of counting them twice.
@@ -100,18 +109,37 @@ COUNTER_RULES: tuple[Rule, ...] = (
     Rule(f"{V}nixl_xfer_time_seconds_sum", c.PEER_TRANSFER_SECONDS),
     Rule(f"{V}nixl_num_failed_transfers_total", c.PEER_TRANSFER_FAILURES, ("transfer",)),
     Rule(f"{V}nixl_num_failed_notifications_total", c.PEER_TRANSFER_FAILURES, ("notification",)),
+    # tiering: a promotion reads tier T into the primary (T→G2), a cascade writes the primary down (G2→T)
+    Rule(f"{V}kv_offload_tiering_promotion_job_failures_total", TRANSFER_FAILED_JOBS, label="tier",
+         resolve="tiering_read"),
+    Rule(f"{V}kv_offload_tiering_cascade_job_failures_total", TRANSFER_FAILED_JOBS, label="tier",
+         resolve="tiering_write"),
 )
 GAUGE_RULES: tuple[Rule, ...] = (
     Rule(f"{V}num_requests_running", c.REQUESTS_RUNNING),
     Rule(f"{V}num_requests_waiting", c.REQUESTS_WAITING),
     Rule(f"{V}kv_cache_usage_perc", USAGE_RATIO),
     Rule(f"{V}gpu_cache_usage_perc", USAGE_RATIO, priority=1),  # ≤0.11 alias
+    Rule(f"{V}num_requests_waiting_by_reason", REQUESTS_WAITING_BY_REASON, label="reason", resolve="verbatim"),
+    # the CPU offload tier's chunks pinned by in-flight stores and loads, not how full the tier is
+    Rule(f"{V}kv_offload_cpu_cache_usage_perc", TIER_PINNED_RATIO, (G2,)),
 )
 HISTOGRAM_RULES: dict[str, str] = {  # vLLM family → kvscope histogram (vLLM's bucket edges kept)
     f"{V}time_to_first_token_seconds": c.TTFT_SECONDS,
     f"{V}request_queue_time_seconds": c.QUEUE_SECONDS,
     f"{V}request_prefill_time_seconds": c.PREFILL_SECONDS,
 }
+# Histograms with extra labels. vLLM's kv_block_* histograms (--kv-cache-metrics, sampled by
+# --kv-cache-metrics-sample) watch the GPU block pool: G1. Lookup delays per tiering tier, by mode.
+LABELLED_HISTOGRAM_RULES: tuple[Rule, ...] = (
+    Rule(f"{V}kv_block_lifetime_seconds", BLOCK_LIFETIME, (G1,)),
+    Rule(f"{V}kv_block_idle_before_evict_seconds", BLOCK_IDLE_BEFORE_EVICT, (G1,)),
+    Rule(f"{V}kv_block_reuse_gap_seconds", BLOCK_REUSE_GAP, (G1,)),
+    Rule(f"{V}kv_offload_tiering_lookup_sync_delay_seconds", TIER_LOOKUP_DELAY, label="tier", resolve="lookup_sync"),
+    Rule(f"{V}kv_offload_tiering_lookup_async_delay_seconds", TIER_LOOKUP_DELAY, label="tier",
+         resolve="lookup_async"),
+)
+HISTOGRAM_TABLE = (*(Rule(family, metric) for family, metric in HISTOGRAM_RULES.items()), *LABELLED_HISTOGRAM_RULES)
 CACHE_CONFIG = f"{V}cache_config_info"
 # vLLM's V1 engine, from these counters' first release until PR #18003 (May 2025, before 0.9), counted
 # in blocks and said so in the HELP of these two families ("in terms of number of queried blocks" / "cached
@@ -124,7 +152,7 @@ OFFLOAD_CONFIG = f"{V}kv_offload_config_info"
 def wanted_samples() -> frozenset[str]:
     """Every exposed sample name the normaliser reads (the scanner skips the rest)."""
     names = {r.sample for r in (*COUNTER_RULES, *GAUGE_RULES)} | {CACHE_CONFIG, OFFLOAD_CONFIG}
-    for family in HISTOGRAM_RULES:
+    for family in (*HISTOGRAM_RULES, *(r.sample for r in LABELLED_HISTOGRAM_RULES)):
         names |= {f"{family}_bucket", f"{family}_sum", f"{family}_count"}
     return frozenset(names)
 
@@ -209,6 +237,8 @@ class Normaliser:
             "transfer_type": lambda v: (directions[v], 1) if v in directions else None,
             "tiering_read": tiering_read,
             "tiering_write": tiering_write,
+            "lookup_sync": lambda v: ((tiering_tier(v), "sync"), 0),
+            "lookup_async": lambda v: ((tiering_tier(v), "async"), 0),
         }
 
     def normalise(self, page: ScanResult, counted_in_blocks: bool = False) -> Normalised:
@@ -255,30 +285,34 @@ class Normaliser:
 
     def _histograms(self, samples: Mapping[str, list[tuple[Mapping[str, str], float]]],
                     models: dict[str, str], out: Normalised) -> list[Reading]:
-        readings: list[Reading] = []
-        for family, metric in HISTOGRAM_RULES.items():
-            series: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-            for labels, value in samples.get(f"{family}_bucket", ()):
-                base = self._base(labels, models)
-                try:
-                    series.setdefault(base, []).append((float(labels["le"]), value))
-                except (KeyError, ValueError):
-                    series.setdefault(base, []).append((math.nan, value))
-            sums = {self._base(lb, models): v for lb, v in samples.get(f"{family}_sum", ())}
-            counts = {self._base(lb, models): v for lb, v in samples.get(f"{family}_count", ())}
-            out.dropped += len((sums.keys() | counts.keys()) - series.keys())  # _sum/_count without buckets
-            for base, buckets in series.items():
-                total, count = sums.get(base), counts.get(base, buckets[-1][1])
-                edges = [b for b, _ in buckets]
-                cumulative = [n for _, n in buckets]
-                if (total is None or not math.isfinite(total) or edges[-1] != math.inf
-                        or any(not a < b for a, b in itertools.pairwise(edges))
-                        or any(not a <= b for a, b in itertools.pairwise(cumulative))
-                        or not all(math.isfinite(n) for n in cumulative) or count != cumulative[-1]):
+        """Histograms whose vLLM series land on one kvscope series (two tiering tiers taken as G4) are
+        added bucket by bucket; with different bucket edges only the first is kept (the rest dropped)."""
+        merged: dict[tuple[str, tuple[str, ...]], tuple[list[tuple[float, float]], float, float]] = {}
+        for rule in HISTOGRAM_TABLE:
+            resolver = self._resolvers[rule.resolve] if rule.resolve else None
+
+            def source(labels: Mapping[str, str], rule: Rule = rule) -> tuple[str, ...]:
+                return (*self._base(labels, models), labels.get(rule.label, "")) if rule.label else \
+                    self._base(labels, models)
+
+            for key, buckets, total, count in _valid_histograms(samples, rule.sample, source, out):
+                extra = rule.extra
+                if resolver is not None:
+                    resolved = resolver(key[3])
+                    if resolved is None:
+                        continue
+                    extra = resolved[0]
+                series = (rule.metric, (*key[:3], *extra))
+                known = merged.get(series)
+                if known is None:
+                    merged[series] = (buckets, total, count)
+                elif [e for e, _ in known[0]] == [e for e, _ in buckets]:
+                    merged[series] = ([(e, n + m) for (e, n), (_, m) in zip(known[0], buckets, strict=True)],
+                                      known[1] + total, known[2] + count)
+                else:
                     out.dropped += 1
-                    continue
-                readings.append(HistogramSample(metric, base, tuple(buckets), total, count))
-        return readings
+        return [HistogramSample(metric, labels, tuple(buckets), total, count)
+                for (metric, labels), (buckets, total, count) in merged.items()]
 
     def _capacities(self, samples: Mapping[str, list[tuple[Mapping[str, str], float]]],
                     models: dict[str, str]) -> list[Reading]:
@@ -299,6 +333,35 @@ class Normaliser:
     def _base(self, labels: Mapping[str, str], models: Mapping[str, str]) -> tuple[str, ...]:
         dp = labels.get("engine", "0")
         return (self.engine, labels.get("model_name") or models.get(dp, ""), dp)
+
+
+def _valid_histograms(samples: Mapping[str, list[tuple[Mapping[str, str], float]]], family: str,
+                      source: Callable[[Mapping[str, str]], tuple[str, ...]], out: Normalised,
+                      ) -> list[tuple[tuple[str, ...], list[tuple[float, float]], float, float]]:
+    """The family's series, by `source` key, as (key, buckets, sum, count); inconsistent ones counted in
+    out.dropped (unsorted or missing edges, decreasing counts, count ≠ +Inf bucket, no finite sum)."""
+    series: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    for labels, value in samples.get(f"{family}_bucket", ()):
+        try:
+            series.setdefault(source(labels), []).append((float(labels["le"]), value))
+        except (KeyError, ValueError):
+            series.setdefault(source(labels), []).append((math.nan, value))
+    sums = {source(lb): v for lb, v in samples.get(f"{family}_sum", ())}
+    counts = {source(lb): v for lb, v in samples.get(f"{family}_count", ())}
+    out.dropped += len((sums.keys() | counts.keys()) - series.keys())  # _sum/_count without buckets
+    valid = []
+    for key, buckets in series.items():
+        total, count = sums.get(key), counts.get(key, buckets[-1][1])
+        edges = [b for b, _ in buckets]
+        cumulative = [n for _, n in buckets]
+        if (total is None or not math.isfinite(total) or edges[-1] != math.inf
+                or any(not a < b for a, b in itertools.pairwise(edges))
+                or any(not a <= b for a, b in itertools.pairwise(cumulative))
+                or not all(math.isfinite(n) for n in cumulative) or count != cumulative[-1]):
+            out.dropped += 1
+            continue
+        valid.append((key, buckets, total, count))
+    return valid
 
 
 def resolve_entries(entries: list[tuple[tuple[str, ...], str, int, str, tuple[str, ...], int, float]]) -> list[Reading]:

@@ -49,6 +49,12 @@ Also: TTFT, queue and prefill histograms with vLLM's bucket edges; running/waiti
 capacities from `vllm:cache_config_info` (num_gpu_blocks × block_size → G1 tokens) and
 `vllm:kv_offload_config_info` (cpu_kv_cache_size_bytes/_tokens → G2).
 
+Newer families (0.33, docs/vllm.md "Newer families"): the `--kv-cache-metrics` block histograms
+(lifetime, idle before eviction, reuse gap) as G1 histograms; waiting requests by reason;
+`kv_offload_cpu_cache_usage_perc` as the share of G2 pinned by transfers (not used bytes: evictable
+chunks count as free); tiering lookup delays per tier and mode; failed promotion (T→G2) and cascade
+(G2→T) jobs per link.
+
 Readings are vLLM's own cumulative totals; the store makes them reset-safe (an engine restart).
 A restart is not always a decrease: a vLLM that served as many requests between two scrapes after its
 restart as before it shows the same totals again. So each target's `process_start_time_seconds` (the
@@ -74,7 +80,7 @@ import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from kvscope.agent.core import contract as c
-from kvscope.agent.core.catalogue import counter, gauge
+from kvscope.agent.core.catalogue import counter, gauge, histogram
 from kvscope.agent.core.contract import ENGINE_LABELS
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
@@ -82,10 +88,17 @@ from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.vllm_map import (
     BLOCK_COUNTED,
     BLOCK_COUNTED_HELP,
+    BLOCK_IDLE_BEFORE_EVICT,
+    BLOCK_LIFETIME,
+    BLOCK_REUSE_GAP,
     CONNECTOR,
     DEFAULT_SOURCE_TIERS,
     DEFAULT_TIERING_TIERS,
     REQUESTS_FINISHED,
+    REQUESTS_WAITING_BY_REASON,
+    TIER_LOOKUP_DELAY,
+    TIER_PINNED_RATIO,
+    TRANSFER_FAILED_JOBS,
     USAGE_RATIO,
     Normaliser,
     wanted_samples,
@@ -95,6 +108,26 @@ from kvscope.collectors.scrape.fetch import Fetcher, ParallelScrape, http_fetch
 from kvscope.collectors.scrape.target import ScrapeTarget, SeriesKey, target_health
 
 log = logging.getLogger("kvscope.collectors.vllm")
+
+_VLLM = "vllm /metrics"
+NEWER_FAMILY_METRICS = (
+    *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (BLOCK_LIFETIME, BLOCK_IDLE_BEFORE_EVICT, BLOCK_REUSE_GAP)),
+    gauge(REQUESTS_WAITING_BY_REASON, "requests", (*ENGINE_LABELS, "reason"),
+          "Requests waiting, by why (vLLM num_requests_waiting_by_reason: capacity = waiting for scheduling "
+          "capacity, deferred = held by LoRA budget, KV transfer or a blocked status); the reasons add up to "
+          "kvscope_requests_waiting.", _VLLM),
+    gauge(TIER_PINNED_RATIO, "ratio", (*ENGINE_LABELS, "tier"),
+          "Fraction of the offload tier's space pinned by in-flight stores and loads (vLLM "
+          "kv_offload_cpu_cache_usage_perc: G2). Not how full the tier is: evictable cached chunks count as "
+          "free; sustained high values mean transfers may be dropped.", _VLLM),
+    histogram(TIER_LOOKUP_DELAY, "seconds", (*ENGINE_LABELS, "tier", "mode"),
+              "Time a per-chunk lookup in an offload tier took (vLLM kv_offload_tiering_lookup_{sync,async}_delay"
+              "_seconds): mode=sync, blocking time of a lookup that resolved; mode=async, from its first "
+              "retry to its resolution.", _VLLM),
+    counter(TRANSFER_FAILED_JOBS, "", (*ENGINE_LABELS, "src", "dst"),
+            "Offload transfer jobs that failed, by link (vLLM kv_offload_tiering_promotion_job_failures: "
+            "tier→G2, cascade_job_failures: G2→tier).", _VLLM),
+)
 
 NAME = "vllm"
 MIB = 1 << 20
@@ -118,6 +151,7 @@ METRICS = (
             "Finished requests by finish reason (vLLM request_success).", "vllm /metrics"),
     *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
         c.PREEMPTIONS, c.PEER_TRANSFER_BYTES, c.PEER_TRANSFER_SECONDS, c.PEER_TRANSFER_FAILURES)),
+    *NEWER_FAMILY_METRICS,
 )
 # the engine's counters among the readings (histograms are told by their type): held while a target is down
 _CUMULATIVE = frozenset(spec.name for spec in (*c.CONTRACT_METRICS, *METRICS)

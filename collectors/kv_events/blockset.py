@@ -140,6 +140,14 @@ class BlockSet:
         key = np.array([key_of(block_hash)], dtype=np.uint64)
         return bool(self._alive(key)[0][0])
 
+    def contains_many(self, hashes: list[Any]) -> list[bool]:
+        """Whether each hash is resident, in one lookup for all of them."""
+        self.flush()
+        if not hashes:
+            return []
+        keys = np.array([key_of(h) for h in hashes], dtype=np.uint64)
+        return [bool(alive) for alive in self._alive(keys)[0]]
+
     def __iter__(self) -> Iterator[int]:
         """The resident keys (block hashes as their 64-bit keys), in no particular order."""
         self.flush()

@@ -8,6 +8,10 @@ applies it to that rank's Residency (residency.py); `collect()` reports the aggr
 the KV bytes each tier holds (resident blocks × the events' block_size × the `kv_bytes_per_token`
 option) where all three are known.
 
+After batches lost for good, resident blocks stay exported as an estimate beside
+`kvscope_kv_residency_known` 0 (residency.py: a tier anchored once in a known state); a late joiner's
+stay absent. With `tenants_top_n`, G1 lookups and hits per LoRA adapter (tenants.py).
+
 Nothing a publisher sends stops the thread: every message it cannot take is counted and skipped. Should
 the thread end all the same, the next collection fails (kvscope_collector_up 0) and starts a new one.
 """
@@ -30,11 +34,13 @@ from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.streams import KV_ACCESS, StreamUse
+from kvscope.agent.core.tenants import TenantCap
 from kvscope.agent.core.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency, tier_of
 from kvscope.collectors.kv_events.schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
 from kvscope.collectors.kv_events.sequence import Sequencer, Stream, log_once
 from kvscope.collectors.kv_events.subscriber import Frames, Receiver, SocketOptions
+from kvscope.collectors.kv_events.tenants import TENANT_METRICS, TenantAccounting, TenantBatchDecoder, tenant_readings
 
 log = logging.getLogger("kvscope.vllm_kv_events")
 
@@ -101,8 +107,10 @@ METRICS = (
     counter(RESTARTS_TOTAL, "", _E,
             "Publisher restarts seen (the sequence number went backwards with a newer batch).", _SRC),
     gauge(RESIDENCY_KNOWN, "", (*_E, "tier"),
-          "1 when the tier's residency is complete (seen from seq 0, or G1 since an AllBlocksCleared); "
-          "0 for a late joiner or after lost batches. kvscope_kv_resident_blocks is absent while 0.", _SRC),
+          "1 when the tier's residency is exact (seen from seq 0, G1 since an AllBlocksCleared, or since a "
+          "publisher restart); 0 for a late joiner (kvscope_kv_resident_blocks absent) or after lost batches "
+          "(kvscope_kv_resident_blocks is then an estimate, off by at most the blocks the lost batches stored "
+          "and removed).", _SRC),
     histogram(REUSE_DISTANCE, "blocks", (*_E, "tier"),
               "Distinct blocks stored in the tier between two stores of the same block (LRU stack distance). "
               "Estimated from a hash-sampled subset of blocks (reuse_sample_rate; distances and counts scaled "
@@ -114,6 +122,7 @@ METRICS = (
             "Block stores the reuse-distance tracker saw, first uses and reuses (sampled stores scaled by "
             "1/reuse_sample_rate). LRU miss ratio of a b+1 block cache = 1 - reuse_distance bucket{le=b} / this.",
             _SRC),
+    *TENANT_METRICS,
 )
 
 # why a tier with resident blocks has no used bytes (logged once per rank and tier)
@@ -180,6 +189,10 @@ class VllmKvEventsOptions:
     # the medium of events that carry none: Dynamo 1.6.1's mocker workers (--zmq-kv-events-ports) send no medium
     # on their G1 events; "GPU" puts them in G1. "" leaves them unattributed, as vLLM before mediums.
     default_medium: str = ""
+    # G1 lookups and hits per tenant (LoRA adapter; collectors/kv_events/tenants.py): the top N tenants by
+    # recent lookups get series of their own, the rest share tenant="other". 0 = off.
+    tenants_top_n: int = 0
+    tenants_max_tracked: int = 1000  # tenants remembered between collections (the busiest)
 
     def validate(self, path: str) -> None:
         if not self.endpoint:
@@ -212,6 +225,11 @@ class VllmKvEventsOptions:
             raise ValueError(f"reuse_sample_rate: must be in [1e-6, 1] (1 = exact), got {self.reuse_sample_rate}")
         if self.kv_bytes_per_token < 0:
             raise ValueError(f"kv_bytes_per_token: must be >= 0 (0 = unknown), got {self.kv_bytes_per_token}")
+        if self.tenants_top_n < 0:
+            raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {self.tenants_top_n}")
+        if self.tenants_top_n and self.tenants_max_tracked < self.tenants_top_n:
+            raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({self.tenants_top_n}), got "
+                             f"{self.tenants_max_tracked}")
         if self.default_block_size < 0:
             raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
         if self.default_medium and tier_of(self.default_medium, None) is Tier.UNATTRIBUTED:
@@ -225,7 +243,7 @@ class VllmKvEventsCollector:
         self._own_ctx = zmq_context is None
         self._ctx: zmq.Context[Any] = zmq_context if zmq_context is not None else zmq.Context()
         self._clock = clock
-        self._decoder = BatchDecoder()
+        self._decoder = TenantBatchDecoder() if options.tenants_top_n else BatchDecoder()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.ready = threading.Event()  # set once every SUB socket is connected and subscribed
@@ -242,6 +260,10 @@ class VllmKvEventsCollector:
                    labels[r])
             for r in range(options.data_parallel_size)
         ]
+        if options.tenants_top_n:
+            for s in self.streams:
+                s.residency.tenants = TenantAccounting(TenantCap(options.tenants_top_n, options.tenants_max_tracked),
+                                                       options.default_medium or None)
         self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
             options.topic.encode(), options.rcvhwm, options.max_message_bytes, options.max_queue_bytes,
             options.replay_timeout, options.tail_check_after), self.handle, self._check_tail, clock)
@@ -362,7 +384,7 @@ class VllmKvEventsCollector:
                 continue
             tl = (*lab, tier.value)
             out.append(Sample(RESIDENCY_KNOWN, tl, 1.0 if st.known else 0.0))
-            if st.known:
+            if st.known or st.anchored:  # after a loss: the estimate, flagged by RESIDENCY_KNOWN 0
                 blocks = len(st.resident)
                 out.append(Sample(KV_RESIDENT_BLOCKS, tl, blocks))
                 if bytes_per_token:
@@ -380,6 +402,8 @@ class VllmKvEventsCollector:
             out.append(HistogramSample(REUSE_DISTANCE, tl, buckets, total, count))
             out.append(Sample(REUSE_EVICTED_TOTAL, tl, st.reuse.estimated_evicted))
             out.append(Sample(REUSE_STORES_TOTAL, tl, st.reuse.estimated_uses))
+        if res.tenants is not None:
+            out.extend(tenant_readings(res.tenants, lab))
         if res.access is not None:
             g1 = res.tier(Tier.G1)
             meta = res.access.meta

@@ -5,6 +5,12 @@ whenever read). vLLM re-announces blocks it reuses when a request asks for `kv_c
 store of a block already resident changes nothing; a removal of a block we never saw (stored before we
 joined, or in a lost batch) is ignored and counted.
 
+Known and anchored: a tier's residency is known (exact) when every batch since a known-empty state was
+applied. A tier that was known once since its publisher started (seen from seq 0, G1 since an
+AllBlocksCleared, every tier since a publisher restart) is anchored: after a lost batch it is no longer
+known but still anchored, and its count is an estimate off by at most what the lost batches stored and
+removed (docs/vllm-kv-events.md). A late joiner's tiers are neither until a replay from seq 0.
+
 Each tier also feeds its stores to a reuse-distance tracker (collectors/kv_events/reuse.py); G1's tracker also hands its
 sampled stores to the what-if analysis' access stream, when one is given (kvscope.agent.core.kv_access).
 
@@ -34,6 +40,7 @@ from kvscope.collectors.kv_events.schema import CLEARED, STORED
 
 if TYPE_CHECKING:
     from kvscope.collectors.kv_events.blockset import BlockSet
+    from kvscope.collectors.kv_events.tenants import TenantAccounting
 
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
@@ -65,7 +72,7 @@ def tier_of(medium: str | None, locality: str | None) -> Tier:
 
 
 class TierState:
-    __slots__ = ("block_size", "known", "resident", "reuse")
+    __slots__ = ("anchored", "block_size", "known", "resident", "reuse")
 
     def __init__(self, max_tracked: int, known: bool, sample_rate: float = 1.0) -> None:
         # imported here: numpy (~10 MiB of RSS) is loaded by an agent that tracks KV events, not by every one
@@ -73,6 +80,9 @@ class TierState:
 
         self.resident: BlockSet = BlockSet()
         self.known = known  # residency reflects every event since a known-empty state
+        # residency was known since the publisher started (or since G1 was cleared), and lost batches only
+        # since: the count is an estimate off by at most what those batches stored and removed
+        self.anchored = known
         self.reuse = ReuseTracker(max_tracked, sample_rate)
         self.block_size = BLOCK_SIZE_UNSEEN  # see the BLOCK_SIZE_* values
 
@@ -129,12 +139,16 @@ class Residency:
         self.events = [0, 0, 0]  # by kind: STORED, REMOVED, CLEARED
         self.unknown_events = 0
         self.complete = False  # every batch of the current publisher since seq 0 was applied
+        self.anchored = False  # complete once since the publisher started: tiers made later are estimates too
         self._tier_cache: dict[tuple[str | None, str | None], TierState] = {}
+        # tenant mode (tenants.py): counts each batch's G1 stores per tenant before it is applied
+        self.tenants: TenantAccounting | None = None
 
     def tier(self, tier: Tier) -> TierState:
         state = self.tiers.get(tier)
         if state is None:
             state = self.tiers[tier] = TierState(self._max_tracked, self.complete, self._sample_rate)
+            state.anchored = self.anchored or self.complete
             if tier is Tier.G1 and self.access is not None:
                 state.reuse.forward = self.access.queue.extend
         return state
@@ -158,6 +172,8 @@ class Residency:
         """
         counts = self.events
         self.unknown_events += unknown
+        if self.tenants is not None:
+            self.tenants.account(self.tiers.get(Tier.G1), events)
         mark = self._mark
         if mark is not None:
             mark(BATCH)
@@ -194,7 +210,7 @@ class Residency:
                 g1 = self.tier(Tier.G1)
                 g1.resident.clear()
                 g1.emptied()
-                g1.known = True
+                g1.known = g1.anchored = True
                 continue
             state = cache.get((medium, locality)) or self._state_for(medium, locality)
             if kind == STORED:
@@ -231,17 +247,22 @@ class Residency:
     def set_complete(self, complete: bool) -> None:
         """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""
         self.complete = complete
+        self.anchored |= complete
         for tier in STORAGE_TIERS:
             self.tier(tier)
         for state in self.tiers.values():
             state.known = complete
+            state.anchored |= complete
 
     def restart(self) -> None:
-        """A new publisher process: its caches start empty and its hashes may differ (seeded hashing)."""
+        """A new publisher process: its caches start empty and its hashes may differ (seeded hashing).
+        Empty is a known state: batches the new process sent before we saw it only make it an estimate."""
         for state in self.tiers.values():
             state.resident.clear()
             state.emptied()
             state.reuse.reset()
+            state.anchored = True
+        self.anchored = True
         if self.access is not None:
             self.access.reset()
 

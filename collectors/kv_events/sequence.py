@@ -150,8 +150,8 @@ class Sequencer:
         s.expected = seq + 1
         s.last_ts = batch.ts
         if missing and not first:
-            log_once(s, "missed", f"lost {missing} event batch(es) before seq {seq}; residency unknown "
-                           "until the next AllBlocksCleared or restart")
+            log_once(s, "missed", f"lost {missing} event batch(es) before seq {seq}; resident blocks are an "
+                           "estimate until the next AllBlocksCleared or restart")
         elif missing:
             log_once(s, "late", f"joined at seq {seq} without a full replay; residency unknown")
 

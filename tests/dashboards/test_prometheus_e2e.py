@@ -134,6 +134,7 @@ def _pod_agent(engine: Engine, server: ReferenceServer, device: str | None) -> A
         "KVSCOPE_COLLECTORS__VLLM__URLS": f"{server.url}/metrics",
         "KVSCOPE_COLLECTORS__VLLM_KV_EVENTS__ENDPOINT": pub.endpoint,
         "KVSCOPE_COLLECTORS__VLLM_KV_EVENTS__REPLAY_ENDPOINT": pub.replay_endpoint,
+        "KVSCOPE_COLLECTORS__VLLM_KV_EVENTS__TENANTS_TOP_N": "10",  # the served share by tenant panel
         "KVSCOPE_COLLECTORS__OTLP_TRACES__LISTEN": "127.0.0.1:0",
         "KVSCOPE_COLLECTORS__NVML__ENABLED": "false",  # the engine's device slot is the GPU here
         "KVSCOPE_ANALYSES__CORRELATION__STALL_SETTLE_SECONDS": "0.5",

@@ -32,6 +32,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from kvscope.agent.core.tiers import Tier
+from kvscope.agent.tools.reference.block_ages import BlockAges
 from kvscope.agent.tools.reference.blocks import BlockId, chain_blocks
 from kvscope.agent.tools.reference.compute_cost import CostModel
 from kvscope.agent.tools.reference.geometry import KVGeometry, preset
@@ -125,6 +126,11 @@ class Engine:
                                    cache_info=self._cache_info(), offload_info=self._offload_info(),
                                    version=config.vllm_version)
         self.kvbm = KvbmMetrics(bt) if config.kvbm else None
+        labels = self.metrics.labels
+        # before the store: admitting its first blocks already reports them
+        self.block_ages = BlockAges(clock, self.metrics.block_lifetime.labels(*labels),
+                                    self.metrics.block_idle.labels(*labels),
+                                    self.metrics.block_reuse_gap.labels(*labels))
         self.store = TieredStore(bt, self.block_bytes, config.tier_specs(), self, clock=clock,
                                  write_behind=config.write_behind_blocks)
         self._own_context = zmq_context is None
@@ -189,7 +195,7 @@ class Engine:
         truth.queued_ts = self.wall_at(queued)
         req = EngineRequest(rid, token_ids, max_tokens or self.config.default_max_tokens, arrival, truth,
                             blocks, queued, headers or {}, temperature, top_p)
-        self.metrics.waiting.labels(*self.metrics.labels).inc()
+        self.metrics.queued(+1)
         self._queue.put(req)
         return req
 
@@ -220,6 +226,7 @@ class Engine:
             tr.seconds_by_link[link] = tr.seconds_by_link.get(link, 0.0) + t.seconds
 
     def block_event(self, e: BlockEvent) -> None:
+        self.block_ages.event(e)
         if e.kind == "reused" and not self.config.kv_cache_report_full:
             return
         if threading.current_thread() is self._thread or self.publisher is None:
@@ -230,6 +237,7 @@ class Engine:
 
     def error(self, tier: Tier, kind: str) -> None:
         self.metrics.block_errors.labels(*self.metrics.labels, str(tier), kind).inc()
+        self.metrics.failed(tier, kind)
         if self._current is not None:
             self._current.block_errors += 1
 
@@ -252,18 +260,21 @@ class Engine:
         tr = self._current = req.truth
         scheduled = self.clock()
         self.store.begin_request()
-        m.waiting.labels(*L).dec()
+        m.queued(-1)
         m.running.labels(*L).set(1)
         tr.scheduled_ts, tr.queue_s = self.wall_at(scheduled), scheduled - req.queued
         blocks = req.blocks
         # like vLLM, at least the last prompt token is computed, so a hit covers at most n-1 tokens
         usable = blocks[:(len(req.token_ids) - 1) // bt]
-        tiers = self.store.lookup(usable) if cfg.prefix_caching else []
+        lookups: dict[Tier, list[float]] = {}
+        tiers = self.store.lookup(usable, lookups) if cfg.prefix_caching else []
+        m.looked_up(lookups)
         hit_tokens = {t: tiers.count(t) * bt for t in set(tiers)}
         m.admitted(len(req.token_ids), hit_tokens, self.has_connector)
         if self.kvbm is not None:
             self.kvbm.looked_up(len(req.token_ids), hit_tokens)
         fetched = self.store.fetch(usable[:len(tiers)], tiers)
+        m.pinned(self.store.g2_pinned_share())
         self._flush_events()
         for tier, n in fetched.blocks_by_tier.items():
             tr.tokens_by_tier[str(tier)] = n * bt
@@ -306,6 +317,7 @@ class Engine:
         tr.completion_tokens = req.max_tokens
         tr.decode_s = last - first
         self.store.release()
+        m.pinned(0.0)
         self._flush_events()
         done = self.clock()
         tr.finished_ts, tr.e2e_s = self.wall_at(done), done - req.arrival

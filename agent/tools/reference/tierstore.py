@@ -126,16 +126,34 @@ class TieredStore:
     def resident(self, tier: Tier) -> int:
         return len(self.tiers[tier].lru)
 
-    def lookup(self, blocks: Iterable[BlockId]) -> list[Tier]:
-        """Fastest tier of each leading block held somewhere; stops at the first miss."""
+    def lookup(self, blocks: Iterable[BlockId], timings: dict[Tier, list[float]] | None = None) -> list[Tier]:
+        """Fastest tier of each leading block held somewhere; stops at the first miss. With `timings`, the
+        time of each block's lookup in each tier asked is appended to the tier's list (vLLM's per-tier
+        lookup delay)."""
         with self.lock:
             found: list[Tier] = []
             for b in blocks:
-                tier = next((t for t in ORDER if b.key in self.tiers[t].lru), None)
+                tier = _first_holding(self.tiers, b.key) if timings is None else self._timed(b.key, timings)
                 if tier is None:
                     break
                 found.append(tier)
             return found
+
+    def _timed(self, key: int, timings: dict[Tier, list[float]]) -> Tier | None:
+        clock = time.perf_counter
+        for t in ORDER:
+            start = clock()
+            held = key in self.tiers[t].lru
+            timings.setdefault(t, []).append(clock() - start)
+            if held:
+                return t
+        return None
+
+    def g2_pinned_share(self) -> float:
+        """Share of G2's slots held for the request in flight (promoted copies it reads): vLLM's CPU usage."""
+        with self.lock:
+            capacity = self.tiers[G2].spec.capacity_blocks
+            return sum(1 for k in self.pinned if k in self.tiers[G2].lru) / capacity if capacity > 0 else 0.0
 
     def g1_view(self, key: int) -> np.ndarray:
         return self.g1.block(self.tiers[G1].lru[key])
@@ -409,3 +427,7 @@ class TieredStore:
         self.observer.block_event(BlockEvent("removed", t, self.meta[key]))
         if not any(key in self.tiers[d].lru for d in ORDER):
             del self.meta[key]
+
+
+def _first_holding(tiers: dict[Tier, _Tier], key: int) -> Tier | None:
+    return next((t for t in ORDER if key in tiers[t].lru), None)

@@ -9,6 +9,12 @@ Names, label names and buckets are vLLM 0.33's. Tier mapping (the part vLLM has 
 - G2 → G1 and G1 → G2 copies are the OffloadingConnector's `kv_offload_load_*` / `kv_offload_store_*`;
 - G3/G4 ↔ host I/O is the TieringOffloadingSpec's `kv_offload_tiering_{read,write}_{bytes,time}` with
   tier="1:fs" (G3) and tier="2:fs" (G4).
+- vLLM's newer families, from what the store does: `kv_block_{lifetime,idle_before_evict,reuse_gap}_seconds`
+  for G1 (block_ages.py, every block, as `--kv-cache-metrics-sample 1` would); `num_requests_waiting_by_reason`
+  (all "capacity"); `kv_offload_cpu_cache_usage_perc`, G2 slots held for the request in flight;
+  `kv_offload_tiering_lookup_sync_delay_seconds{tier}`, the time of each block's lookup in G3/G4 (an index
+  in memory, so microseconds); `kv_offload_tiering_{promotion,cascade}_job_failures{tier}`, block files that
+  could not be read up or written down.
 With `version=(0, 14)` it speaks vLLM 0.14.1, the seeds' version (facts/vllm.md appendix): no
 `prompt_tokens_by_source`, `prompt_tokens_cached`, `prompt_tokens_cached_by_source` and no `kv_offload_*`
 families (its connector, e.g. Dynamo KVBM, reports its own tiers); recomputed tokens are only in the
@@ -34,6 +40,9 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                40.0, 80.0)
 OFFLOAD_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600,
+                     1200, 1800)  # vllm/v1/metrics/buckets.py KV_CACHE_RESIDENCY_BUCKETS
+LOOKUP_SYNC_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)  # tiering/spec.py
 
 CACHED_SOURCE = {Tier.G1: "device", Tier.G2: "host", Tier.G3: "disk", Tier.G4: "external_unspecified"}
 ALL_CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
@@ -60,6 +69,9 @@ class VllmMetrics:
                              BASE, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                              BASE, registry=r)
+        # every waiting request waits for capacity here: nothing defers one
+        self.waiting_by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Number of waiting requests by "
+                                       "reason.", [*BASE, "reason"], registry=r) if version >= (0, 20) else None
         self.usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", BASE,
                            registry=r)
         self.queries = counter("vllm:prefix_cache_queries",
@@ -100,6 +112,13 @@ class VllmMetrics:
                         REQUEST_LATENCY_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                         ITL_BUCKETS)
+        # --kv-cache-metrics (0.14.1 and 0.33): G1 block ages (block_ages.py)
+        self.block_lifetime = hist("vllm:kv_block_lifetime_seconds", "Histogram of KV cache block lifetime from "
+                                   "allocation to eviction.", RESIDENCY_BUCKETS)
+        self.block_idle = hist("vllm:kv_block_idle_before_evict_seconds", "Histogram of idle time before KV cache "
+                               "block eviction.", RESIDENCY_BUCKETS)
+        self.block_reuse_gap = hist("vllm:kv_block_reuse_gap_seconds", "Histogram of time gaps between "
+                                    "consecutive KV cache block accesses.", RESIDENCY_BUCKETS)
         if self.offload:
             self._offload_families(r, counter)
         self.busy = Gauge("kvscope_reference_device_busy", "1 while the reference device slot computes.", BASE,
@@ -135,6 +154,15 @@ class VllmMetrics:
                                         ("tier",))
         self.tier_write_time = counter("vllm:kv_offload_tiering_write_time", "Seconds writing to the tier.",
                                        ("tier",))
+        self.promotion_failures = counter("vllm:kv_offload_tiering_promotion_job_failures",
+                                          "Number of failed secondary-tier promotion jobs, labeled by tier.", ("tier",))
+        self.cascade_failures = counter("vllm:kv_offload_tiering_cascade_job_failures",
+                                        "Number of failed secondary-tier cascade jobs, labeled by tier.", ("tier",))
+        self.lookup_sync = Histogram("vllm:kv_offload_tiering_lookup_sync_delay_seconds", "Blocking time of a "
+                                     "per-block tier lookup, labeled by tier, in seconds.", [*BASE, "tier"],
+                                     buckets=LOOKUP_SYNC_BUCKETS, registry=r)
+        self.cpu_pinned = Gauge("vllm:kv_offload_cpu_cache_usage_perc", "Fraction of CPU KV-cache space currently "
+                                "pinned by active transfers.", BASE, registry=r)
 
     def _touch_children(self) -> None:
         """Every series exists from the start at 0, as vLLM creates its children up front."""
@@ -144,6 +172,9 @@ class VllmMetrics:
             metric.labels(*self.labels)
         for reason in ("stop", "length", "abort", "error", "repetition"):
             self.success.labels(*self.labels, reason)
+        if self.waiting_by_reason is not None:
+            for reason in ("capacity", "deferred"):
+                self.waiting_by_reason.labels(*self.labels, reason)
         if self.by_source:
             self.prompt_cached.labels(*self.labels)
             for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
@@ -154,8 +185,35 @@ class VllmMetrics:
             for metric in (self.load_bytes, self.load_time, self.store_bytes, self.store_time):
                 metric.labels(*self.labels)
             for tier in TIERING_LABEL.values():
-                for m in (self.tier_read_bytes, self.tier_read_time, self.tier_write_bytes, self.tier_write_time):
+                for m in (self.tier_read_bytes, self.tier_read_time, self.tier_write_bytes, self.tier_write_time,
+                          self.promotion_failures, self.cascade_failures):
                     m.labels(*self.labels, tier)
+            self.cpu_pinned.labels(*self.labels)
+
+    def queued(self, delta: int) -> None:
+        """A request joined (+1) or left (-1) the waiting queue."""
+        self.waiting.labels(*self.labels).inc(delta)
+        if self.waiting_by_reason is not None:
+            self.waiting_by_reason.labels(*self.labels, "capacity").inc(delta)
+
+    def failed(self, tier: Tier, kind: str) -> None:
+        """A block file the store could not use: a failed cascade (writing it down, or reading it to write it
+        further down) or promotion (reading it up)."""
+        if self.offload and tier in TIERING_LABEL:
+            failures = self.cascade_failures if kind in ("write", "cascade_read") else self.promotion_failures
+            failures.labels(*self.labels, TIERING_LABEL[tier]).inc()
+
+    def pinned(self, share: float) -> None:
+        if self.offload:
+            self.cpu_pinned.labels(*self.labels).set(share)
+
+    def looked_up(self, seconds_by_tier: dict[Tier, list[float]]) -> None:
+        if self.offload:
+            for tier, seconds in seconds_by_tier.items():
+                if tier in TIERING_LABEL:
+                    child = self.lookup_sync.labels(*self.labels, TIERING_LABEL[tier])
+                    for x in seconds:
+                        child.observe(x)
 
     def admitted(self, prompt_tokens: int, hit_tokens: dict[Tier, int], has_connector: bool) -> None:
         """At the first schedule: what the prefix lookup found (counted at admission, as vLLM does)."""

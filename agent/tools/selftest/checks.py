@@ -116,6 +116,7 @@ def engine_samples(exposition: str) -> Iterable[tuple[str, dict[str, str], float
 def measured_figures(run: RunCapture) -> Figures:
     f = Figures()
     f.resident_blocks = {str(t): math.nan for t in STORAGE_TIERS}  # absent = residency not known
+    estimated: set[str] = set()  # tiers whose residency is an estimate after lost batches: not a measurement
     saved = lost = 0.0
     for name, labels, value in engine_samples(run.exposition):
         if name == "kvscope_kv_hit_tokens_total":
@@ -127,6 +128,8 @@ def measured_figures(run: RunCapture) -> Figures:
             f.resident_blocks[labels["tier"]] = value
         elif name == "kvscope_tier_used_bytes":
             f.used_bytes[labels["tier"]] = value
+        elif name == "kvscope_kv_residency_known" and value == 0:
+            estimated.add(labels["tier"])
         elif name == "kvscope_ttft_seconds_count":
             f.ttft_count += value
         elif name == "kvscope_ttft_seconds_sum":
@@ -147,6 +150,9 @@ def measured_figures(run: RunCapture) -> Figures:
         elif name == "kvscope_gpu_fetch_stall_seconds_total":
             f.fetch_stall += value
     f.prefill_saved = saved - lost
+    for tier in estimated:
+        f.resident_blocks[tier] = math.nan
+        f.used_bytes.pop(tier, None)
     for line in run.requests:
         parts = line.get("components", {})
 

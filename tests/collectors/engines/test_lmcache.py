@@ -143,10 +143,12 @@ def test_mp_server_usage_and_throughput_per_tier() -> None:
 
 
 @pytest.mark.parametrize(("metric", "tier", "key"), [
-    ("kvscope_kv_lifetime_seconds", "G2", "lifetime_s"), ("kvscope_kv_idle_before_evict_seconds", "G2", "idle_s"),
-    ("kvscope_kv_reuse_gap_seconds", "G2", "reuse_gap_s"), ("kvscope_kv_lifetime_seconds", "G1", "gpu_lifetime_s"),
-    ("kvscope_kv_idle_before_evict_seconds", "G1", "gpu_idle_s"),
-    ("kvscope_kv_reuse_gap_seconds", "G1", "gpu_reuse_gap_s")])
+    ("kvscope_kv_block_lifetime_seconds", "G2", "lifetime_s"),
+    ("kvscope_kv_block_idle_before_evict_seconds", "G2", "idle_s"),
+    ("kvscope_kv_block_reuse_gap_seconds", "G2", "reuse_gap_s"),
+    ("kvscope_kv_block_lifetime_seconds", "G1", "gpu_lifetime_s"),
+    ("kvscope_kv_block_idle_before_evict_seconds", "G1", "gpu_idle_s"),
+    ("kvscope_kv_block_reuse_gap_seconds", "G1", "gpu_reuse_gap_s")])
 def test_mp_server_chunk_lifecycle_as_lmcache_measures_it(metric: str, tier: str, key: str) -> None:
     """Series without model_name (the L1 chunk histograms) take the page's one model."""
     h = histogram(collect(MP), metric, *BASE, tier)
