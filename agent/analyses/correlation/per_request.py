@@ -26,7 +26,10 @@ from kvscope.agent.analyses.correlation.counterfactuals import (
 )
 from kvscope.agent.analyses.correlation.state import Key, Models, Outputs
 from kvscope.agent.core.pipeline import GpuIntervals, RequestSink
-from kvscope.agent.core.records import AttributedRequest, Interval, RequestRecord
+from kvscope.agent.core.records import AttributedRequest, Attribution, Interval, RequestRecord
+from kvscope.agent.core.tiers import Tier
+
+UNATTRIBUTED = Tier.UNATTRIBUTED.value
 
 
 class RequestAttribution:
@@ -55,6 +58,17 @@ class RequestAttribution:
             out.append(signals.idle_seconds(samples, (end - r.prefill, end))
                        if covered and r.prefill is not None else None)
         return out
+
+    def _split_by_tier(self, key: Key, record: RequestRecord, attribution: Attribution, saved: float,
+                       confidence: str) -> None:
+        """The request's saved seconds by the tier that served its reuse (tiermix.py); a request that comes
+        before the engine's counters said which tiers serve is `unattributed`."""
+        fetch = attribution.seconds("fetch")
+        mix = self._models.mix.get(key)
+        split = mix.split(saved + fetch, fetch) if mix is not None and mix.known else {UNATTRIBUTED: saved}
+        for tier, seconds in split.items():
+            self._out.counters[(m.TIER_SAVED, (*key, tier, confidence))] += max(0.0, seconds)
+            self._out.counters[(m.TIER_LOST, (*key, tier, confidence))] += max(0.0, -seconds)
 
     def step(self, records: list[RequestRecord]) -> list[tuple[list[Interval], list[Interval]]]:
         """Attributes the records; returns each one's (fetch, compute) intervals for the stall signal."""
@@ -101,6 +115,7 @@ class RequestAttribution:
             if saved is not None:
                 out.counters[(m.PREFILL_SAVED, (*key, confidence))] += max(0.0, saved)
                 out.counters[(m.PREFILL_LOST, (*key, confidence))] += max(0.0, -saved)
+                self._split_by_tier(key, record, attribution, saved, confidence)
             without = ttft_without_cache(record, attribution, model)
             if without is not None:
                 out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "with", confidence))] += record.ttft
