@@ -191,6 +191,8 @@ class WindowAttribution:
             self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
+        for mix in models.mix.values():
+            mix.close_window()
         # fetch and offload of an engine whose first request has not finished yet (no TTFT series to put them
         # against): carried until it has one
         for key in (has_fetch | set(offload_method)) - seen:

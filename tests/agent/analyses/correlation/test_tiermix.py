@@ -7,7 +7,7 @@ import pytest
 from kvscope.agent.analyses.correlation import metrics as m
 from kvscope.agent.analyses.correlation.analysis import CorrelationEngine
 from kvscope.agent.analyses.correlation.options import CorrelationOptions
-from kvscope.agent.analyses.correlation.tiermix import TierMix
+from kvscope.agent.analyses.correlation.tiermix import MIX_WAIT_SECONDS, TierMix, fetch_seconds_by_tier
 from kvscope.agent.core import contract
 from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
@@ -29,24 +29,46 @@ def test_g4_read_through_host_memory_owns_its_share_of_the_last_hop() -> None:
     mix.add_hits("G4", 2000)
     mix.add_onboard("G4", "G2", 3e9, 1.0)  # G4's blocks land in G2 ...
     mix.add_onboard("G2", "G1", 4e9, 0.8)  # ... then cross G2 -> G1 with G2's own (3 of 4 GB are G4's)
+    mix.close_window()
     assert mix.token_shares() == {"G1": 0.25, "G2": 0.25, "G4": 0.5}
     shares = mix.fetch_shares()
     assert shares["G4"] == pytest.approx((1.0 + 0.6) / 1.8)
     assert shares["G2"] == pytest.approx(0.2 / 1.8)
-    split = mix.split(avoided=10.0, fetch=1.8)
+    split = mix.split(4000, avoided=10.0, fetch=1.8)
     assert split == pytest.approx({"G1": 2.5, "G2": 2.5 - 0.2, "G4": 5.0 - 1.6})
     assert sum(split.values()) == pytest.approx(10.0 - 1.8)  # adds up to the request's saved seconds
 
 
-def test_untimed_links_follow_the_token_shares_below_g1_and_decay_ages_the_mix() -> None:
+def test_requests_draw_the_hits_counted_around_them_not_the_long_run_mix() -> None:
+    mix = TierMix()
+    mix.add_hits("G1", 1000)
+    assert mix.split(1000, 1.0, 0.0) == {"G1": 1.0}  # a G1 minute
+    mix.add_hits("G4", 1000)
+    assert mix.split(1000, 1.0, 0.0) == {"G4": 1.0}  # then a G4 one: not half G1 as the mix since the start
+    assert mix.token_shares() == {"G1": 0.5, "G4": 0.5}
+
+
+def test_a_request_ahead_of_its_hits_waits_for_them_then_falls_back_to_the_mix() -> None:
+    mix = TierMix()
+    mix.add_hits("G1", 500)
+    mix.add_request(500, 1.0, 0.0, "high", now=0.0)
+    mix.add_request(800, 2.0, 0.0, "high", now=1.0)  # its hits are not counted yet
+    assert mix.settle(now=2.0) == [("high", {"G1": 1.0})]
+    mix.add_hits("G3", 800)
+    assert mix.settle(now=3.0) == [("high", pytest.approx({"G3": 2.0}))]
+    mix.add_request(100, 1.0, 0.0, "low", now=4.0)
+    assert mix.settle(now=4.0 + MIX_WAIT_SECONDS - 1) == []
+    (late,) = mix.settle(now=4.0 + MIX_WAIT_SECONDS)  # never counted: the decayed mix's shares
+    assert late[1] == pytest.approx({"G1": 500 / 1300, "G3": 800 / 1300})
+
+
+def test_untimed_links_follow_the_token_shares_below_g1_and_nothing_seen_is_unattributed() -> None:
     mix = TierMix()
     mix.add_hits("G2", 300)
     mix.add_hits("G3", 100)
     assert mix.fetch_shares() == {"G2": 0.75, "G3": 0.25}
-    mix.decay(0.5)
-    mix.add_hits("G3", 200)  # the workload moved to G3
-    assert mix.token_shares() == {"G2": pytest.approx(150 / 400), "G3": pytest.approx(250 / 400)}
-    assert TierMix().split(1.0, 0.5) == {"unattributed": -0.5}  # fetched, no tier seen: not guessed
+    assert fetch_seconds_by_tier({("G4", "G1"): 2.0}, {("G4", "G1"): 1e9}) == {"G4": 2.0}
+    assert TierMix().split(10, 1.5, 0.5) == {"unattributed": 1.0}  # no counter placed it: not guessed
 
 
 def engine_series(hits: dict[str, float], g4_bytes: float, g4_seconds: float, n: int, ttft: float) -> list[Reading]:
