@@ -85,7 +85,7 @@ class ValueAnalysis:
         for tier in TIERS:
             tier_sizes = {labels[3]: v for labels, v in sizes.items() if labels[:3] == key and labels[4] == tier}
             for step in curve.steps(tier, saved, tier_sizes):
-                out.append(Sample(m.MARGINAL, (*key, tier, step.step, confidence), step.saved_per_hour))
+                out.append(Sample(m.MARGINAL, (*key, tier, step.step, confidence), step.saved))
                 if step.size_change is not None:
                     out.append(Sample(m.MARGINAL_STEP, (*key, tier, step.step), step.size_change))
         requests = sum(g for conf in ("high", "low")

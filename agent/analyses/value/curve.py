@@ -31,7 +31,7 @@ class Step:
     step: str  # "next" | "last"
     scenario: str  # the scaled scenario at the other end of the step from today
     size_change: float | None  # bytes added (next) or removed (last); None without the sizes
-    saved_per_hour: float  # GPU-seconds per hour the step saves (next) or saves today (last)
+    saved: float  # GPU-seconds (per hour, or per request: as given) the step would save (next) or saves (last)
 
 
 def steps(tier: str, saved: Mapping[str, float], sizes: Mapping[str, float]) -> list[Step]:

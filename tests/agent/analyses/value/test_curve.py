@@ -22,8 +22,8 @@ def test_next_and_last_steps_are_the_nearest_scales_around_today() -> None:
     saved = {"today": 100.0, "G4x2": 130.0, "G4x4": 140.0, "G4x0.5": 60.0, "G2x2": 500.0, "no-G2": 0.0}
     sizes = {"today": 1 * TIB, "G4x2": 2 * TIB, "G4x4": 4 * TIB, "G4x0.5": 0.5 * TIB}
     got = {s.step: s for s in steps("G4", saved, sizes)}
-    assert (got["next"].scenario, got["next"].saved_per_hour, got["next"].size_change) == ("G4x2", 30.0, TIB)
-    assert (got["last"].scenario, got["last"].saved_per_hour, got["last"].size_change) == ("G4x0.5", 40.0, TIB / 2)
+    assert (got["next"].scenario, got["next"].saved, got["next"].size_change) == ("G4x2", 30.0, TIB)
+    assert (got["last"].scenario, got["last"].saved, got["last"].size_change) == ("G4x0.5", 40.0, TIB / 2)
     assert steps("G3", saved, sizes) == []  # no scaled scenario of G3
     assert scale_of("G4x0.5", "G4") == 0.5 and scale_of("G4x2", "G2") is None and scale_of("no-G2", "G2") is None
 

@@ -120,7 +120,7 @@ def profile() -> StreamProfile:
                          batches=array("I", [3, 4, 3]), warmup=3,
                          measured=Measured(160.0, {"G1": 32.0, "G2": 16.0}), cost=COST,
                          requests=[RequestSample(0.1, 48, 16, 0.001), RequestSample(0.2, 64, None)],
-                         notes=["G3: size unknown"])
+                         notes=["G3: size unknown"], requests_per_hour=7200.0)
 
 
 def test_the_profile_round_trips() -> None:
