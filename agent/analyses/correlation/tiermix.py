@@ -13,7 +13,7 @@ that never send a record do not pile up.
 
 The fetch seconds of tier t (below G1) are the seconds of the links it is read over: a tier read through
 host memory (G3/G4 -> G2 -> G1) owns its own link's seconds and the part of G2 -> G1's seconds that its
-bytes into G2 make of G2 -> G1's bytes; G2 owns the rest. Without timed links the fetch follows the hit
+bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own. Without timed links the fetch follows the hit
 tokens of the tiers below G1.
 
 A request's saved seconds by tier, the split the reference engine's truth uses too (docs/value.md):
@@ -37,21 +37,24 @@ UNATTRIBUTED = Tier.UNATTRIBUTED.value
 
 
 def fetch_seconds_by_tier(link_seconds: Mapping[tuple[str, str], float],
-                          link_bytes: Mapping[tuple[str, str], float]) -> dict[str, float]:
-    """Onboard link seconds as seconds per tier read (see the module docstring)."""
+                          link_bytes: Mapping[tuple[str, str], float], g2_serves: bool = True) -> dict[str, float]:
+    """Onboard link seconds as seconds per tier read (see the module docstring). `g2_serves`: G2 served hits of
+    its own; where it serves none, all of G2 -> G1 is the relayed tiers', in proportion to their bytes into G2
+    (a window can count a block's two hops apart)."""
     out: dict[str, float] = defaultdict(float)
     relay = link_seconds.get((G2, G1), 0.0)
     relayed_bytes = link_bytes.get((G2, G1), 0.0)
-    own_g2 = 1.0
+    into_g2 = {src: moved for (src, dst), moved in link_bytes.items() if dst == G2 and src != G1 and moved > 0}
     for (src, _dst), spent in link_seconds.items():
         if src != G2:
             out[src] += spent
-    for (src, dst), moved in link_bytes.items():
-        if dst == G2 and src != G1 and relayed_bytes > 0:
-            part = min(own_g2, moved / relayed_bytes)
-            out[src] += relay * part
-            own_g2 -= part
-    if own_g2 > 0 and relay > 0:
+    own_g2 = 1.0
+    whole = sum(into_g2.values()) if not g2_serves else max(relayed_bytes, sum(into_g2.values()))
+    for src, moved in into_g2.items():
+        part = min(own_g2, moved / whole) if whole > 0 else 0.0
+        out[src] += relay * part
+        own_g2 -= part
+    if own_g2 > 1e-12 and relay > 0:
         out[G2] += relay * own_g2
     return {t: s for t, s in out.items() if s > 0}
 
@@ -126,7 +129,7 @@ class TierMix:
     def close_window(self) -> None:
         """The window's link seconds, as seconds per tier read, into the pool and the mix."""
         seconds = fetch_seconds_by_tier({k: v[1] for k, v in self._links.items()},
-                                        {k: v[0] for k, v in self._links.items()})
+                                        {k: v[0] for k, v in self._links.items()}, self.hits.get(G2, 0.0) > 0)
         for tier, spent in seconds.items():
             self.fetch[tier] += spent
             self.fetch_pool[tier] += spent

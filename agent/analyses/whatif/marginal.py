@@ -27,12 +27,12 @@ class Marginal:
     confidence: str
     requests: int
 
-    def line(self) -> str:
+    def line(self, hourly: bool = True) -> str:
         size = fmt_bytes(self.size_change) if self.size_change is not None else f"{self.blocks_change:,} blocks"
         what = (f"{self.tier} +{size} (2x): would save" if self.step == "next"
                 else f"{self.tier} last {size} (of today's): saves")
-        hourly = f"{self.per_hour:+,.3g} GPU-s/h, " if self.per_hour is not None else ""
-        return (f"{what} {hourly}{1000 * self.per_request:+,.3g} GPU-ms per request "
+        rate = f"{self.per_hour:+,.3g} GPU-s/h, " if hourly and self.per_hour is not None else ""
+        return (f"{what} {rate}{1000 * self.per_request:+,.3g} GPU-ms per request "
                 f"({self.requests} requests, {self.confidence or 'no'} confidence)")
 
 

@@ -105,3 +105,18 @@ def test_requests_saved_seconds_land_on_the_tiers_that_served_them() -> None:
     assert saved["G4"] == pytest.approx(2 * (avoided / 2 - 0.5))
     assert out[(m.TIER_LOST, (*E, "G4", "low"))] == 0.0
     assert sum(saved.values()) == pytest.approx(out[(m.PREFILL_SAVED, (*E, "low"))])
+
+
+def test_a_g2_that_serves_nothing_of_its_own_owns_none_of_the_last_hop() -> None:
+    """G4's blocks relayed through G2, whose two hops a window counted apart (less into G2 than out of it):
+    without G2 hits the whole G2 -> G1 time is G4's."""
+    links = {("G4", "G2"): 1.0, ("G2", "G1"): 0.5}
+    moved = {("G4", "G2"): 1e9, ("G2", "G1"): 2e9}
+    assert fetch_seconds_by_tier(links, moved, g2_serves=False) == {"G4": 1.5}
+    assert fetch_seconds_by_tier(links, moved, g2_serves=True) == {"G4": 1.25, "G2": 0.25}
+    mix = TierMix()
+    mix.add_hits("G4", 100)
+    mix.add_onboard("G4", "G2", 1e9, 1.0)
+    mix.add_onboard("G2", "G1", 2e9, 0.5)
+    mix.close_window()
+    assert mix.fetch_shares() == {"G4": 1.0}
