@@ -13,8 +13,8 @@ that never send a record do not pile up.
 
 The fetch seconds of tier t (below G1) are the seconds of the links it is read over: a tier read through
 host memory (G3/G4 -> G2 -> G1) owns its own link's seconds and the part of G2 -> G1's seconds that its
-bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own. Without timed links the fetch follows the hit
-tokens of the tiers below G1.
+bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own. Without timed links
+the fetch follows the hit tokens of the tiers below G1.
 
 A request's saved seconds by tier, the split the reference engine's truth uses too (docs/value.md):
 
