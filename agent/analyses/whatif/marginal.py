@@ -31,8 +31,8 @@ class Marginal:
         size = fmt_bytes(self.size_change) if self.size_change is not None else f"{self.blocks_change:,} blocks"
         what = (f"{self.tier} +{size} (2x): would save" if self.step == "next"
                 else f"{self.tier} last {size} (of today's): saves")
-        rate = f"{self.per_hour:+,.3g} GPU-s/h, " if hourly and self.per_hour is not None else ""
-        return (f"{what} {rate}{1000 * self.per_request:+,.3g} GPU-ms per request "
+        rate = f"{self.per_hour:+,.0f} GPU-s/h, " if hourly and self.per_hour is not None else ""
+        return (f"{what} {rate}{1000 * self.per_request:+,.1f} GPU-ms per request "
                 f"({self.requests} requests, {self.confidence or 'no'} confidence)")
 
 
