@@ -13,8 +13,9 @@ that never send a record do not pile up.
 
 The fetch seconds of tier t (below G1) are the seconds of the links it is read over: a tier read through
 host memory (G3/G4 -> G2 -> G1) owns its own link's seconds and the part of G2 -> G1's seconds that its
-bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own. Without timed links
-the fetch follows the hit tokens of the tiers below G1.
+bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own (if not, the relayed
+tiers share all of it, by their bytes into G2 in the window or, where it counted none, before). Without timed
+links the fetch follows the hit tokens of the tiers below G1.
 
 A request's saved seconds by tier, the split the reference engine's truth uses too (docs/value.md):
 
@@ -37,14 +38,18 @@ UNATTRIBUTED = Tier.UNATTRIBUTED.value
 
 
 def fetch_seconds_by_tier(link_seconds: Mapping[tuple[str, str], float],
-                          link_bytes: Mapping[tuple[str, str], float], g2_serves: bool = True) -> dict[str, float]:
+                          link_bytes: Mapping[tuple[str, str], float], g2_serves: bool = True,
+                          relayed_before: Mapping[str, float] | None = None) -> dict[str, float]:
     """Onboard link seconds as seconds per tier read (see the module docstring). `g2_serves`: G2 served hits of
     its own; where it serves none, all of G2 -> G1 is the relayed tiers', in proportion to their bytes into G2
-    (a window can count a block's two hops apart)."""
+    (a window can count a block's two hops apart), and a window that counted none of their first hops takes
+    the proportions of `relayed_before` (each tier's bytes into G2 in earlier windows)."""
     out: dict[str, float] = defaultdict(float)
     relay = link_seconds.get((G2, G1), 0.0)
     relayed_bytes = link_bytes.get((G2, G1), 0.0)
     into_g2 = {src: moved for (src, dst), moved in link_bytes.items() if dst == G2 and src != G1 and moved > 0}
+    if not g2_serves and not into_g2:
+        into_g2 = {src: moved for src, moved in (relayed_before or {}).items() if moved > 0}
     for (src, _dst), spent in link_seconds.items():
         if src != G2:
             out[src] += spent
@@ -92,6 +97,7 @@ class TierMix:
     fetch: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # decayed seconds, by tier
     hit_pool: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     fetch_pool: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    into_g2: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # decayed bytes, by source tier
     _links: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # this window: bytes, s
     _undrawn: float = 0.0  # hit tokens counted and not drawn yet, not decayed: what a waiting request waits for
     # requests waiting for their hits to reach the pool: reused, avoided, fetch, a label, since (wall)
@@ -113,7 +119,7 @@ class TierMix:
         return out
 
     def decay(self, factor: float) -> None:
-        for table in (self.hits, self.fetch, self.hit_pool, self.fetch_pool):
+        for table in (self.hits, self.fetch, self.hit_pool, self.fetch_pool, self.into_g2):
             _decay(table, factor)
 
     def add_hits(self, tier: str, tokens: float) -> None:
@@ -129,10 +135,14 @@ class TierMix:
     def close_window(self) -> None:
         """The window's link seconds, as seconds per tier read, into the pool and the mix."""
         seconds = fetch_seconds_by_tier({k: v[1] for k, v in self._links.items()},
-                                        {k: v[0] for k, v in self._links.items()}, self.hits.get(G2, 0.0) > 0)
+                                        {k: v[0] for k, v in self._links.items()}, self.hits.get(G2, 0.0) > 0,
+                                        self.into_g2)
         for tier, spent in seconds.items():
             self.fetch[tier] += spent
             self.fetch_pool[tier] += spent
+        for (src, dst), (moved, _) in self._links.items():
+            if dst == G2 and src != G1:
+                self.into_g2[src] += moved
         self._links.clear()
 
     @property

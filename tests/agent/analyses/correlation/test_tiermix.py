@@ -120,3 +120,19 @@ def test_a_g2_that_serves_nothing_of_its_own_owns_none_of_the_last_hop() -> None
     mix.add_onboard("G2", "G1", 2e9, 0.5)
     mix.close_window()
     assert mix.fetch_shares() == {"G4": 1.0}
+
+
+def test_a_window_with_only_the_last_hop_of_a_relay_gives_it_to_the_tiers_relayed_before() -> None:
+    """The window that counts G2 -> G1 may count none of the G4 -> G2 bytes it relays (the scrape fell between
+    the hops): a G2 that serves no hits still owns none of it, the tiers that filled G2 before do."""
+    assert fetch_seconds_by_tier({("G2", "G1"): 0.5}, {("G2", "G1"): 1e9}, g2_serves=False,
+                                 relayed_before={"G4": 3e9, "G3": 1e9}) == {"G4": 0.375, "G3": 0.125}
+    mix = TierMix()
+    mix.add_hits("G4", 100)
+    mix.add_onboard("G4", "G2", 1e9, 1.0)
+    mix.close_window()
+    mix.add_onboard("G2", "G1", 1e9, 0.5)  # the next window: only the last hop
+    mix.close_window()
+    assert mix.fetch_shares() == {"G4": 1.0}
+    assert fetch_seconds_by_tier({("G2", "G1"): 0.5}, {("G2", "G1"): 1e9}, g2_serves=True,
+                                 relayed_before={"G4": 3e9}) == {"G2": 0.5}  # G2 serving hits: its own
