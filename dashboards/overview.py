@@ -8,6 +8,7 @@ from kvscope.dashboards.panels import (
     ENGINE,
     HOST,
     TIER,
+    PanelBuilder,
     Query,
     bargauge_panel,
     build_dashboard,
@@ -252,4 +253,59 @@ def build() -> Dashboard:
         ("instance", "engine", "model", "tier"),
         [("Is the cache paying off?", paying_off), ("Hit rates per tier", hit_rates),
          ("Bytes per link", links), ("Residency and capacity", residency),
-         ("What if the tiers were other sizes?", what_if)])
+         ("What if the tiers were other sizes?", what_if), ("What is each tier worth?", worth())])
+
+
+def worth() -> list[PanelBuilder]:
+    """What the cache is worth (docs/value.md): GPU time per tier, the marginal value of size, and with prices
+    value against cost."""
+    return [
+        timeseries_panel("GPU time saved and lost per tier", (
+            "GPU-seconds of prefill each tier saved per hour over the last hour (above zero), and lost where "
+            "fetching from it was slower than recomputing (below zero), summed over the selected pods: each "
+            "request's saved time split by the tier that served its reused tokens, x the GPUs an engine spans "
+            "(recording rules kvscope:tier_prefill_saved_gpu_seconds_per_hour:rate1h and _lost_; "
+            "kvscope_tier_prefill_saved_seconds_total). KVScopeTierSavesNothing fires for a tier that serves "
+            "tokens and saves nothing for three hours."), "suffix: GPU-s/h",
+            [Query(f"sum by (tier) (kvscope:tier_prefill_saved_gpu_seconds_per_hour:rate1h{{{ENGINE}, {TIER}}})",
+                   "{{tier}} saved"),
+             Query(f"sum by (tier) (kvscope:tier_prefill_lost_gpu_seconds_per_hour:rate1h{{{ENGINE}, {TIER}}})",
+                   "{{tier}} lost")], negative=[1]),
+        timeseries_panel("Marginal value of capacity against the tier's size", (
+            "GPU-seconds of prefill per hour the next step of each tier's size would save (next: the what-if's "
+            "smallest scale above today's size, 2x by default) and that its last step saves today (last: today's "
+            "size against the largest scale below it, 0.5x), from the what-if's predicted prefill saved at both "
+            "sizes over the last hour, summed over the selected pods "
+            "(kvscope_tier_marginal_saved_gpu_seconds_per_hour; its confidence label is the cost model's, "
+            "kvscope_tier_marginal_requests the requests it rests on). Dashed, right axis: the tier's size today "
+            "(kvscope_whatif_tier_capacity_bytes, scenario today). A next step worth much less than the last: "
+            "the tier is near the size beyond which more capacity saves little."), "suffix: GPU-s/h",
+            [Query(f"sum by (tier, step) (kvscope_tier_marginal_saved_gpu_seconds_per_hour{{{ENGINE}, {TIER}}})",
+                   "{{tier}} {{step}} step"),
+             Query(tier_total("kvscope_whatif_tier_capacity_bytes", f'{ENGINE}, {TIER}, scenario="today"'),
+                   "{{tier}} size today")], dashed=[1], right_axis={1: "bytes"}),
+        timeseries_panel("Tier value and cost per hour (with prices)", (
+            "Only where [analyses.value] prices are configured: the GPU time each tier saved over the last hour "
+            "at the GPU-hour price (kvscope_tier_value_per_hour), summed over the selected pods, against the "
+            "tier's cost per hour, its size at the price per GiB-month plus its billed transfers "
+            "(kvscope_tier_cost_per_hour, dashed: the pods' own tiers summed, a shared G4 counted once). "
+            "KVScopeTierCostsMoreThanItSaves fires when cost stays above value for a day."), "short",
+            [Query(f"sum by (tier) (kvscope_tier_value_per_hour{{{ENGINE}, {TIER}}})", "{{tier}} value"),
+             Query(tier_total("kvscope_tier_cost_per_hour", f"{ENGINE}, {TIER}"), "{{tier}} cost")],
+            dashed=[1]),
+        bargauge_panel("Cost per prompt token: served from each tier, or recomputed (with prices)", (
+            "What serving one prompt token from each tier costs (its fetch as GPU time, plus the tier's cost per "
+            "hour over the tokens it served per hour: kvscope_tier_token_cost), against recomputing one token of "
+            "the typical reused prefix (kvscope_recompute_token_cost), averaged over the selected pods. A tier "
+            "whose bar is longer than recompute's costs more than it saves per token."), "short",
+            [Query(f"avg by (tier) (kvscope_tier_token_cost{{{ENGINE}, {TIER}}})", "{{tier}}", instant=True),
+             Query(f"avg(kvscope_recompute_token_cost{{{ENGINE}}})", "recompute", instant=True)], span=6),
+        bargauge_panel("Break-even size per tier (with prices)", (
+            "Of the sizes the what-if explores for each tier (today's and its scales), the one where the GPU time "
+            "saved less the tier's cost is largest: beyond it more capacity costs more than the GPU time it saves "
+            "(kvscope_tier_breakeven_capacity_bytes, the largest over the selected pods; "
+            "kvscope_tier_breakeven_beyond_curve 1: the break-even lies beyond the largest size explored)."),
+            "bytes",
+            [Query(f"max by (tier) (kvscope_tier_breakeven_capacity_bytes{{{ENGINE}, {TIER}}})", "{{tier}}",
+                   instant=True)], span=6),
+    ]

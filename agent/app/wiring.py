@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from kvscope import __version__
 from kvscope.agent.analyses.correlation.analysis import SPEC as CORRELATION_SPEC
+from kvscope.agent.analyses.value.analysis import SPEC as VALUE_SPEC
 from kvscope.agent.analyses.whatif.analysis import SPEC as WHATIF_SPEC
 from kvscope.agent.config.settings import Config, ConfigError
 from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue, MetricSpec
@@ -50,7 +51,8 @@ log = logging.getLogger("kvscope.wiring")
 def components() -> Components:
     """Every collector, analysis and sink kvscope can run, by the names its configuration uses."""
     return Components(collectors=collector_specs(),
-                      analyses={CORRELATION_SPEC.name: CORRELATION_SPEC, WHATIF_SPEC.name: WHATIF_SPEC},
+                      analyses={CORRELATION_SPEC.name: CORRELATION_SPEC, WHATIF_SPEC.name: WHATIF_SPEC,
+                                VALUE_SPEC.name: VALUE_SPEC},
                       sinks=sink_specs())
 
 

@@ -138,6 +138,9 @@ def _pod_agent(engine: Engine, server: ReferenceServer, device: str | None) -> A
         "KVSCOPE_COLLECTORS__OTLP_TRACES__LISTEN": "127.0.0.1:0",
         "KVSCOPE_COLLECTORS__NVML__ENABLED": "false",  # the engine's device slot is the GPU here
         "KVSCOPE_ANALYSES__CORRELATION__STALL_SETTLE_SECONDS": "0.5",
+        # a site's prices (the shipped configuration has none: without them the price panels are empty)
+        "KVSCOPE_ANALYSES__VALUE__GPU_HOUR": "2.0",
+        "KVSCOPE_ANALYSES__VALUE__TIER_GIB_MONTH": "{ G1 = 10.0, G2 = 1.0, G3 = 0.1, G4 = 0.05 }",
     }
     if device is not None:  # G4's path: the disk its block files are on
         environ["KVSCOPE_COLLECTORS__DISK__INCLUDE"] = device

@@ -228,3 +228,19 @@ def test_alerts_link_absolute_runbook_urls_from_a_value() -> None:
             assert shipped[alert] == f"docs/runbooks.md#{alert.lower()}", alert
     with pytest.raises(Exception, match=r"monitoring\.runbookBaseUrl"):
         render({"monitoring": {"runbookBaseUrl": ""}})
+
+
+def test_prices_from_values_become_the_sidecars_value_section_and_none_by_default() -> None:
+    def sidecar_config(values: dict[str, Any] | None = None) -> str:
+        resources = render(values)
+        return str({r["metadata"]["name"]: r for r in by_kind(resources, "ConfigMap")}["kvscope-sidecar"]
+                   ["data"]["kvscope.toml"])
+
+    assert "[analyses.value]" not in sidecar_config()  # no price is guessed
+    text = sidecar_config({"sidecar": {"value": {"gpusPerEngine": 8, "currency": "USD", "gpuHour": 2.5,
+                                                 "tierGibMonth": {"G4": 0.05, "G3": 0.02},
+                                                 "transferGb": {"G4->G2": 0.01}}}})
+    config = load_config(text, components(), environ={}, origin="chart")
+    _, options = config.analyses["value"]
+    assert (options.gpus_per_engine, options.currency, options.gpu_hour) == (8.0, "USD", 2.5)
+    assert options.tier_gib_month == {"G3": 0.02, "G4": 0.05} and options.transfer_gb == {"G4->G2": 0.01}

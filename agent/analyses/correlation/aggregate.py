@@ -104,6 +104,7 @@ class WindowAttribution:
         offload: dict[Key, float] = defaultdict(float)
         offload_method: dict[Key, str] = {}
         stores: list[tuple[Key, str, float]] = []  # untimed stores: (engine, destination tier, bytes)
+        models.decay_mix(now)
         for moved in snapshot.series(contract.KV_TRANSFER_BYTES):
             key, src, dst = engine_key(moved.labels.key), moved.labels["src"], moved.labels["dst"]
             window.tier_bytes[src] += moved.rate_growth
@@ -119,6 +120,8 @@ class WindowAttribution:
                     offload[key] += timed.growth
                 else:
                     stores.append((key, dst, moved.growth))
+            if onboard:
+                models.mix[key].add_onboard(src, dst, moved.growth, None if timed is None else timed.growth)
             if onboard and dst == Tier.G1.value:  # every fetched block crosses the last hop exactly once
                 models.token_bytes[key][0] += moved.growth
             if onboard and timed is not None:
@@ -137,6 +140,7 @@ class WindowAttribution:
                 offload_method[key] = "estimated"
         reused: dict[Key, float] = defaultdict(float)
         for hit in snapshot.series(contract.KV_HIT_TOKENS):
+            models.mix[engine_key(hit.labels.key)].add_hits(hit.labels["tier"], hit.growth)
             if hit.labels["tier"] in BELOW_G1:
                 key = engine_key(hit.labels.key)
                 models.token_bytes[key][1] += hit.growth
@@ -187,6 +191,8 @@ class WindowAttribution:
             self._out.add_attribution(m.TTFT_ATTRIBUTED, key, attribution, "aggregate")
             window.fetch += attribution.seconds("fetch")
             window.ttft += attribution.ttft
+        for mix in models.mix.values():
+            mix.close_window()
         # fetch and offload of an engine whose first request has not finished yet (no TTFT series to put them
         # against): carried until it has one
         for key in (has_fetch | set(offload_method)) - seen:

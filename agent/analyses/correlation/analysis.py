@@ -45,7 +45,7 @@ class CorrelationEngine:
         self._reader = (StoreReader(store, (*AGGREGATE_METRICS, *self._paths.metrics(store.catalogue)))
                         if store is not None else None)
         self._requests = RequestAttribution(self._models, self._out, self._fetch_inside,
-                                            options.fit_ttft_when_no_prefill, sinks, gpu_intervals)
+                                            options.fit_ttft_when_no_prefill, sinks, gpu_intervals, wall_clock)
         self._stall = StallTracker(gpu_intervals, options.stall_settle_seconds, self._out)
         self._last_now: float | None = None
 
@@ -68,6 +68,7 @@ class CorrelationEngine:
                 taken.clear()
         snapshot = self._reader.window() if self._reader is not None else None
         window = self._window.step(snapshot, now) if snapshot is not None else WindowSummary()
+        self._requests.settle_tiers()  # after the window: its hits are in the tier mix's pool
         self._breakeven()
         if snapshot is not None and dt and dt > 0:
             self._paths.step(snapshot, window, dt)

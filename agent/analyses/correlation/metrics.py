@@ -15,6 +15,8 @@ REQUESTS_ATTRIBUTED = "kvscope_requests_attributed_total"
 FETCH_SHARE = "kvscope_ttft_fetch_share_ratio"
 PREFILL_SAVED = "kvscope_prefill_saved_seconds_total"
 PREFILL_LOST = "kvscope_prefill_lost_seconds_total"
+TIER_SAVED = "kvscope_tier_prefill_saved_seconds_total"
+TIER_LOST = "kvscope_tier_prefill_lost_seconds_total"
 COUNTERFACTUAL_TTFT = "kvscope_counterfactual_ttft_seconds_total"
 COST_A = "kvscope_prefill_cost_linear_seconds_per_token"
 COST_B = "kvscope_prefill_cost_quadratic_seconds_per_token_squared"
@@ -65,6 +67,14 @@ METRICS = (
     counter(PREFILL_LOST, "seconds", (*_E, "confidence"),
             "Time the cache cost: Σ max(0, (prefill + fetch) − compute(prompt,0)) over requests where "
             "reuse was slower than recomputing. confidence as for the saved time.", _SRC),
+    counter(TIER_SAVED, "seconds", (*_E, "tier", "confidence"),
+            "Prefill seconds saved by the tier that served the reused tokens: each request's compute avoided "
+            "(compute(prompt,0) − prefill) split by the engine's hit tokens per tier, less its fetch split by "
+            "the tier reads' transfer seconds (docs/value.md); summed where positive. × the GPUs one engine "
+            "spans = GPU-seconds. confidence as for the saved time.", _SRC),
+    counter(TIER_LOST, "seconds", (*_E, "tier", "confidence"),
+            "Prefill seconds the tier cost: the same split, summed where a request's fetch from the tier "
+            "took longer than recomputing its tokens.", _SRC),
     counter(COUNTERFACTUAL_TTFT, "seconds", (*_E, "cache", "confidence"),
             "TTFT summed over requests with known reuse, as measured (cache=with) and with every prompt token "
             "recomputed (cache=without: frontend + queue + compute(prompt,0) + other). confidence as for the "

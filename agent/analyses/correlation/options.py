@@ -33,6 +33,9 @@ class CorrelationOptions:
     fit_ttft_when_no_prefill: bool = False  # cold client records (AIPerf) count TTFT as compute
     bytes_per_token: float = 0.0  # KV bytes per token; 0 = learn from transfer bytes / hit tokens
     record_buffer: int = 65536  # request records held between windows before the oldest are dropped
+    # half-life, seconds, of the engine counters' split of hits and fetch time by tier that a request's saved
+    # prefill time is split by (tiermix.py)
+    tier_mix_half_life: float = 600.0
     stall_settle_seconds: float = 30.0  # wait for late records before counting a stretch of fetch stall
     paths: dict[str, list[str]] = field(default_factory=dict)  # tier -> store series on its path
     path_capacity_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tier -> known peak
@@ -51,6 +54,8 @@ class CorrelationOptions:
                 raise ValueError(f"offload_inside_by_engine.{engine}: expected 'prefill' or 'none', got {where!r}")
         if self.fit_min_spread < 1:
             raise ValueError("fit_min_spread must be >= 1")
+        if self.tier_mix_half_life <= 0:
+            raise ValueError("tier_mix_half_life must be > 0")
         if self.fit_max_relative_error <= 0:
             raise ValueError("fit_max_relative_error must be > 0")
         for name in ("fit_window", "fit_min_samples", "record_buffer", "baseline_windows"):

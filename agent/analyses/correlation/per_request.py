@@ -26,14 +26,15 @@ from kvscope.agent.analyses.correlation.counterfactuals import (
 )
 from kvscope.agent.analyses.correlation.state import Key, Models, Outputs
 from kvscope.agent.core.pipeline import GpuIntervals, RequestSink
-from kvscope.agent.core.records import AttributedRequest, Interval, RequestRecord
+from kvscope.agent.core.records import AttributedRequest, Attribution, Interval, RequestRecord
 
 
 class RequestAttribution:
     def __init__(self, models: Models, outputs: Outputs, fetch_inside: Callable[[str], FetchInside],
                  fit_ttft_when_no_prefill: bool, sinks: Sequence[RequestSink],
-                 gpus: GpuIntervals | None = None) -> None:
+                 gpus: GpuIntervals | None = None, wall_clock: Callable[[], float] = lambda: 0.0) -> None:
         self._models, self._out, self._fetch_inside = models, outputs, fetch_inside
+        self._now = wall_clock
         self._fit_ttft = fit_ttft_when_no_prefill
         self._sinks = sinks
         self._gpus = gpus
@@ -55,6 +56,23 @@ class RequestAttribution:
             out.append(signals.idle_seconds(samples, (end - r.prefill, end))
                        if covered and r.prefill is not None else None)
         return out
+
+    def _split_by_tier(self, key: Key, record: RequestRecord, attribution: Attribution, saved: float,
+                       confidence: str) -> None:
+        """The request's saved seconds wait in its engine's tier mix for the hits that served them (tiermix.py)."""
+        fetch = attribution.seconds("fetch")
+        self._models.mix[key].add_request(float(record.cached_tokens or 0), saved + fetch, fetch, confidence,
+                                          self._now())
+
+    def settle_tiers(self) -> None:
+        """Counts the saved seconds by tier of every request whose hits the engine counters now hold (or that
+        waited long enough); what no counter placed is `unattributed`."""
+        now = self._now()
+        for key, mix in self._models.mix.items():
+            for confidence, split in mix.settle(now):
+                for tier, seconds in split.items():
+                    self._out.counters[(m.TIER_SAVED, (*key, tier, confidence))] += max(0.0, seconds)
+                    self._out.counters[(m.TIER_LOST, (*key, tier, confidence))] += max(0.0, -seconds)
 
     def step(self, records: list[RequestRecord]) -> list[tuple[list[Interval], list[Interval]]]:
         """Attributes the records; returns each one's (fetch, compute) intervals for the stall signal."""
@@ -101,6 +119,7 @@ class RequestAttribution:
             if saved is not None:
                 out.counters[(m.PREFILL_SAVED, (*key, confidence))] += max(0.0, saved)
                 out.counters[(m.PREFILL_LOST, (*key, confidence))] += max(0.0, -saved)
+                self._split_by_tier(key, record, attribution, saved, confidence)
             without = ttft_without_cache(record, attribution, model)
             if without is not None:
                 out.counters[(m.COUNTERFACTUAL_TTFT, (*key, "with", confidence))] += record.ttft

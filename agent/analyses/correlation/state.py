@@ -12,6 +12,7 @@ from collections import defaultdict
 from kvscope.agent.analyses.correlation import metrics as m
 from kvscope.agent.analyses.correlation.costmodel import PrefillCostModel, TierFetchModel
 from kvscope.agent.analyses.correlation.options import CorrelationOptions
+from kvscope.agent.analyses.correlation.tiermix import TierMix
 from kvscope.agent.core.readings import HistogramSample, LabelValues, Reading, Sample
 from kvscope.agent.core.records import ERROR_KINDS, Attribution
 
@@ -20,7 +21,7 @@ Key = tuple[str, str, str]  # engine, model, dp_rank
 
 class Models:
     """Per engine (engine, model, dp_rank): the prefill cost model, each tier's fetch model, the learned
-    KV bytes per token, and the typical reused prefix."""
+    KV bytes per token, the typical reused prefix and the tier mix."""
 
     def __init__(self, options: CorrelationOptions) -> None:
         self._o = options
@@ -28,6 +29,16 @@ class Models:
         self.tiers: dict[tuple[Key, str], TierFetchModel] = {}
         self.token_bytes: dict[Key, list[float]] = defaultdict(lambda: [0.0, 0.0])  # bytes, tokens
         self.reused_per_request: dict[Key, float] = {}
+        self.mix: dict[Key, TierMix] = defaultdict(TierMix)  # which tiers served reuse and took fetch time
+        self._mixed_at: float | None = None
+
+    def decay_mix(self, now: float) -> None:
+        """Ages every engine's tier mix by the wall time since the last window (half-life from the options)."""
+        if self._mixed_at is not None and now > self._mixed_at:
+            factor = 0.5 ** ((now - self._mixed_at) / self._o.tier_mix_half_life)
+            for mix in self.mix.values():
+                mix.decay(factor)
+        self._mixed_at = now
 
     def model(self, key: Key) -> PrefillCostModel:
         if key not in self.prefill:

@@ -113,7 +113,7 @@ class WhatIfAnalysis:
         rate = stream.sample_rate
         self._add(m.SIMULATED, stream.labels, state.take(keys, now) / rate)
         self._counters[(m.DROPPED, stream.labels)] = stream.dropped / rate
-        state.requests.extend(requests)
+        state.add_requests(requests, self._wall())
         if state.setup is None:
             return
         self._export_hits(state)
@@ -296,7 +296,8 @@ class WhatIfAnalysis:
             size_sources=sources, trace=state.trace[:], batches=state.batches[:], warmup=state.warmup,
             measured=now.since(state.counted_from), cost=self._cost(labels), requests=list(state.requests),
             max_blocks=state.max_model_blocks, dropped=round(state.stream.dropped / setup.sample_rate),
-            g1_hits_seen=self._g1_hits_seen(state, now), notes=notes)
+            g1_hits_seen=self._g1_hits_seen(state, now), notes=notes,
+            requests_per_hour=state.requests_per_hour(self._wall()))
 
     @property
     def request_receiver(self) -> RecentRequests | None:

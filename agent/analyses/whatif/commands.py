@@ -5,7 +5,9 @@
 
 It reads the what-if profile of a running agent (GET /whatif/profile on its /metrics port) or one the
 agent wrote (`[analyses.whatif] recording`), replays its sampled access trace at today's sizes and at the
-asked ones (predict.py), and prints a table; `--chart` also sweeps one tier through sizes. Charts need
+asked ones (predict.py), and prints a table, then the marginal value of each tier's size (marginal.py: the
+GPU-seconds its next step, 2x, would save and its last step, today's against half, saves, per request and
+per hour at the requests' rate); `--chart` also sweeps one tier through sizes. Charts need
 the `reference` extra (matplotlib).
 """
 
@@ -18,11 +20,13 @@ import json
 import sys
 import urllib.parse
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvscope.agent.analyses.whatif import report
 from kvscope.agent.analyses.whatif.hierarchy import TIERS
+from kvscope.agent.analyses.whatif.marginal import marginal_text, marginals
 from kvscope.agent.analyses.whatif.predict import Prediction, replay
 from kvscope.agent.analyses.whatif.profile import StreamProfile, dumps, loads
 from kvscope.agent.analyses.whatif.sizes import Scenario, Size, scenario
@@ -108,7 +112,9 @@ def _what_if(args: argparse.Namespace) -> int:
         sys.stdout.write(report.header(profile))
         sys.stdout.write(report.table(profile, predictions))
         sys.stdout.write(report.notes(predictions))
-        out.append(report.as_json(profile, predictions))
+        steps = marginals(profile, args.gpus_per_engine)
+        sys.stdout.write(marginal_text(steps))
+        out.append({**report.as_json(profile, predictions), "marginal": [asdict(m) for m in steps]})
         if args.chart:
             from kvscope.agent.analyses.whatif.chart import draw
 
@@ -136,6 +142,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--curve", choices=TIERS, help="the tier the chart sweeps (default: the first --gN given, else G1)")
     p.add_argument("--json", type=Path, help="also write the predictions as JSON here")
     p.add_argument("--save", type=Path, help="also save the profile read (a recording for later)")
+    p.add_argument("--gpus-per-engine", type=float, default=1.0, metavar="N",
+                   help="GPUs one engine's prefill occupies: the marginal values are its prefill seconds x N")
     p.add_argument("--engine", help="only this engine label")
     p.add_argument("--model", help="only this model label")
     p.add_argument("--dp-rank", help="only this data-parallel rank")

@@ -7,7 +7,8 @@ from k' (the transport T[k][k'], computed tokens included). The tokens tier k' w
 the engine's own counters split them over the counted period, moved by T; their share is that over the
 tokens the engine looked up (partial last blocks included, which no tier ever serves). The model's own
 counts (counts[k] × block_tokens / R) are kept beside: at today's sizes, against the counters, they are
-the model's error.
+the model's error. Tokens the model served from k today beyond the engine's count of k were recomputed by
+the engine: where T moves k's tokens to another tier, those become hits too (the miss row, `_misread`).
 
 TTFT. Each recent request keeps its own measured TTFT and prompt; what changes is where its prompt's
 tokens come from:
@@ -99,10 +100,27 @@ def transport(outcomes: Outcomes, measured: Measured, block_tokens: int, sample_
     missed = measured.lookup_tokens - sum(measured.hit_tokens.get(t, 0.0) for t in TIERS)
     if missed > 0:
         per_access = block_tokens / sample_rate
-        gained = [min(1.0, outcomes.joint[MISS][j] * per_access / missed) for j in range(MISS)]
+        gained = [min(1.0, (outcomes.joint[MISS][j] * per_access + _misread(outcomes, measured, per_access, j))
+                      / missed) for j in range(MISS)]
         scale = 1.0 / sum(gained) if sum(gained) > 1.0 else 1.0
         gained = [x * scale for x in gained]
         out[MISS] = [*gained, 1.0 - sum(gained)]
+    return out
+
+
+def _misread(outcomes: Outcomes, measured: Measured, per_access: float, j: int) -> float:
+    """Tokens the engine recomputed today that the model served from another tier k (its today's count of k
+    above the engine's), which the scenario serves from j: the model's row k moves them, and where it moves
+    them to a tier other than k, the engine's recomputes become j's hits. Without this the miss row sees
+    only the model's own misses, and a model that keeps a little more than the engine today (G3 +0.5
+    points in the self-test's what-if run) under-predicts what a larger tier gains by as much."""
+    out = 0.0
+    for k in range(MISS):
+        row = outcomes.joint[k]
+        total = sum(row)
+        excess = total * per_access - measured.hit_tokens.get(TIERS[k], 0.0)
+        if k != j and total and excess > 0:
+            out += excess * row[j] / total
     return out
 
 

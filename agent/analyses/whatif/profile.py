@@ -103,6 +103,7 @@ class StreamProfile:
     dropped: int = 0  # sampled accesses lost before the analysis read them
     g1_hits_seen: float | None = None  # re-announced G1 blocks' tokens / the engine's G1 hit tokens (None: no hits)
     notes: list[str] = field(default_factory=list)
+    requests_per_hour: float | None = None  # attributed requests delivered per hour (None: not measured yet)
 
     @property
     def geometry(self) -> Geometry | None:
@@ -167,6 +168,7 @@ class StreamProfile:
             max_blocks=int(d.get("max_blocks", 1 << 17)), dropped=int(d.get("dropped", 0)),
             g1_hits_seen=None if d.get("g1_hits_seen") is None else float(d["g1_hits_seen"]),
             notes=[str(n) for n in d.get("notes", [])],
+            requests_per_hour=None if d.get("requests_per_hour") is None else float(d["requests_per_hour"]),
         )
 
 

@@ -70,6 +70,19 @@ class StreamState:
         self.counted_from = Counters()  # the trace's counted period starts here
         self.models_from = Counters()  # the models' counting starts here
         self.requests: deque[RequestSample] = deque(maxlen=requests)
+        self.request_clock: tuple[float, int] | None = None  # (wall time of the first delivery, requests since)
+
+    def add_requests(self, requests: list[RequestSample], now: float) -> None:
+        self.requests.extend(requests)
+        if requests:
+            self.request_clock = ((now, 0) if self.request_clock is None
+                                  else (self.request_clock[0], self.request_clock[1] + len(requests)))
+
+    def requests_per_hour(self, now: float) -> float | None:
+        """Requests delivered per hour since the first delivery (whose own requests came before it began)."""
+        if self.request_clock is None or now <= self.request_clock[0] or not self.request_clock[1]:
+            return None
+        return self.request_clock[1] / (now - self.request_clock[0]) * 3600.0
         self.exported: dict[str, list[int]] = {}  # scenario -> its model's counts already exported, per tier
 
     def build(self, setup: Setup, now: Counters, complete: bool) -> None:

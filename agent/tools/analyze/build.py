@@ -23,10 +23,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvscope.agent.tools.analyze.inputs import Scrapes, parse_recording, parse_scrapes, parse_summary
-from kvscope.agent.tools.analyze.recording import recording_figures
+from kvscope.agent.analyses.whatif.profile import loads
+from kvscope.agent.tools.analyze.inputs import RecordedRequest, Scrapes, parse_recording, parse_scrapes, parse_summary
+from kvscope.agent.tools.analyze.recording import in_window, recording_figures
 from kvscope.agent.tools.analyze.report import Comparison, LengthBin, Report
 from kvscope.agent.tools.analyze.server import server_figures
+from kvscope.agent.tools.analyze.value import value_figures
 from kvscope.collectors.requests.aiperf import AiperfRequest, parse_profile_export
 
 SERVER_FILES = ("server_metrics_export.jsonl", "server_metrics_export.json")
@@ -130,7 +132,7 @@ def _server(report: Report, root: Path, engine: str) -> None:
 
 
 def build_report(directory: str | Path, recording: str | Path | None = None, baseline: str | Path | None = None,
-                 engine: str = "reference") -> Report:
+                 engine: str = "reference", whatif: str | Path | None = None, gpus: float = 1.0) -> Report:
     """All figures for one AIPerf output directory. Raises OSError if it has no profile_export.jsonl."""
     root = Path(directory)
     profile = parse_profile_export((root / "profile_export.jsonl").read_text(encoding="utf-8"))
@@ -152,8 +154,13 @@ def build_report(directory: str | Path, recording: str | Path | None = None, bas
         report.notes.append(f"profile_export.jsonl: {profile.bad_lines} unreadable lines skipped")
     _aiperf_summary(report, root)
     _server(report, root, engine)
+    recorded: list[RecordedRequest] = []
     if recording is not None:
-        recording_figures(report, parse_recording(Path(recording).read_text(encoding="utf-8")))
+        recorded_run = parse_recording(Path(recording).read_text(encoding="utf-8"))
+        recording_figures(report, recorded_run)
+        recorded = in_window(recorded_run, report.start_ns, report.end_ns)
+    profiles = loads(Path(whatif).read_bytes()) if whatif is not None else []
+    value_figures(report, recorded, profiles[0] if profiles else None, gpus)
     if baseline is not None:
         report.baseline = compare(report, build_report(baseline, engine=engine), str(baseline))
         report.notes.extend(f"baseline: {w}" for w in report.baseline.warnings)

@@ -1,4 +1,4 @@
-"""`kvscope analyze DIR [--recording FILE.jsonl] [--baseline DIR] [--out OUT]`."""
+"""`kvscope analyze DIR [--recording FILE.jsonl] [--baseline DIR] [--whatif PROFILE] [--out OUT]`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from kvscope.agent.tools.analyze.render import to_json, to_markdown
 
     try:
-        report = build_report(args.dir, args.recording, args.baseline, engine=args.engine)
+        report = build_report(args.dir, args.recording, args.baseline, engine=args.engine, whatif=args.whatif,
+                              gpus=args.gpus_per_engine)
         baseline = build_report(args.baseline, engine=args.engine) if args.baseline else None
     except (OSError, ValueError) as exc:
         print(f"kvscope analyze: {exc}", file=sys.stderr)
@@ -38,6 +39,10 @@ def add_commands(sub: Any) -> None:
                    "or .json)")
     p.add_argument("--recording", type=Path, help="kvscope per-request JSONL (the [exporters.jsonl] file)")
     p.add_argument("--baseline", type=Path, help="AIPerf directory of a recompute run, for the speed-up")
+    p.add_argument("--whatif", type=Path, help="the agent's what-if profile of the run (GET /whatif/profile, or its "
+                   "[analyses.whatif] recording): adds the marginal value of each tier's size")
+    p.add_argument("--gpus-per-engine", type=float, default=1.0, metavar="N",
+                   help="GPUs one engine's prefill occupies: GPU-seconds = its prefill seconds x N (default 1)")
     p.add_argument("--out", type=Path, help="output directory (default DIR/kvscope-analysis)")
     p.add_argument("--engine", default="reference",
                    help="engine kind of the scraped server: 'reference' (fetch inside prefill, G4 hits reported as "

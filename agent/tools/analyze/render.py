@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from kvscope.agent.analyses.whatif.sizes import fmt_bytes
 from kvscope.agent.tools.analyze.inputs import COMPONENTS
 from kvscope.agent.tools.analyze.report import Counterfactuals, Report, Split
 
@@ -105,6 +106,35 @@ def _counterfactuals(c: Counterfactuals) -> list[str]:
             f"{c.ttft_without:.3f} s estimated without it (**{c.speedup:.2f}×**). Confidence: {caveat}.", ""]
 
 
+def _value(r: Report) -> list[str]:
+    if not (r.saved_per_hour or r.marginal):
+        return []
+    out = ["## What the cache was worth", ""]
+    if r.saved_per_hour:
+        out += ["*GPU time saved per hour* = the prefill seconds the agent's cost model says each request saved "
+                "(recompute estimate − prefill − fetch), split by the tier that served its reused tokens and the "
+                "tier its fetch read from as the engine's counters divide them over the run, over the run's "
+                "duration, per hour (negative: the tier cost time).", "",
+                "| tier | GPU-seconds saved per hour |", "|---|---|",
+                *[f"| {tier} | {value:,.1f} |" for tier, value in r.saved_per_hour.items()], ""]
+        if "G4" in r.saved_per_hour:
+            out += [f"**G4 saved {r.saved_per_hour['G4']:,.1f} GPU-seconds of prefill per hour at this run's "
+                    "rate.**", ""]
+    if r.marginal:
+        out += ["*Marginal value of a tier's size* = what the what-if replay of the run's profile predicts the "
+                "tier at twice its size would save (next), or its last half saves today (last), less today's, "
+                f"per request, at this run's rate ({r.rps:.3f} requests/s).", "",
+                "| tier | step | size change | GPU-ms per request | GPU-s per hour | confidence |",
+                "|---|---|---|---|---|---|",
+                *[f"| {m['tier']} | {m['step']} | {_size(m)} | {1000 * m['per_request']:+,.2f} | "
+                  f"{m['per_hour']:+,.1f} | {m['confidence']} |" for m in r.marginal], ""]
+    return out
+
+
+def _size(m: dict[str, Any]) -> str:
+    return fmt_bytes(m["size_change"]) if m["size_change"] is not None else f"{m['blocks_change']:,} blocks"
+
+
 def _baseline(r: Report) -> list[str]:
     if r.baseline is None:
         return []
@@ -147,6 +177,7 @@ def to_markdown(r: Report, charts: list[str] | None = None) -> str:
         out.append("")
     if r.counterfactuals is not None:
         out += _counterfactuals(r.counterfactuals)
+    out += _value(r)
     out += _baseline(r)
     if charts:
         out += ["## Charts", ""] + [f"![{name}]({name})" for name in charts] + [""]

@@ -88,3 +88,6 @@ class Report:
     scatter: list[tuple[int, float, float]] = field(default_factory=list)  # prompt tokens, TTFT s, cached share
     baseline: Comparison | None = None
     notes: list[str] = field(default_factory=list)
+    # what the cache was worth (value.py): net GPU-seconds saved per hour by tier, and each tier's size steps
+    saved_per_hour: dict[str, float] = field(default_factory=dict)
+    marginal: list[dict[str, Any]] = field(default_factory=list)

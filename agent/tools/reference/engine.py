@@ -334,11 +334,14 @@ class Engine:
         req.out.put(("done", tr.finish_reason))
 
     def _device(self, seconds: float, work: Callable[[], object] | None = None) -> tuple[float, float]:
-        """Holds the device slot busy for `seconds` (at least as long as `work` takes); returns its busy span.
+        """Holds the device slot busy for `seconds` while `work` (the host's stand-in for what the kernels
+        write) runs; returns its busy span.
 
-        The slot is busy until `start + seconds` (or the end of `work`), as a GPU finishes its kernels on
-        time: when the OS wakes this thread later than that (a CPU-starved host), the delay is the host's,
-        an idle device and the truth's `other`, not compute.
+        The slot is busy from `start` to `start + seconds`, as a GPU finishes its kernels on time. When this
+        thread gets there later (the OS woke it late, or `work` waited for the store's lock or a CPU on a
+        starved host), the delay is the host's: an idle device and the truth's `other`, not compute. Counted
+        as compute, it would make the truth's own recompute time (the cost model's) disagree with the compute
+        it reports, and teach the agent's cost model a slower engine than this one.
         """
         m, L = self.metrics, self.metrics.labels
         start = self.clock()
@@ -350,7 +353,7 @@ class Engine:
         remaining = seconds - (worked - start)
         if remaining > 0:
             time.sleep(remaining)
-        end = max(worked, start + seconds)
+        end = start + seconds
         m.busy.labels(*L).set(0)
         m.busy_seconds.labels(*L).inc(end - start)
         self.device_intervals.append((self.wall_at(start), self.wall_at(end)))

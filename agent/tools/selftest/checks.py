@@ -20,6 +20,9 @@ Tolerances, and why:
 - per request: fetch and prefill each within 10 % of the request's TTFT, for ≥ 90 % of requests.
 - prefill saved: within 10 % of the truth. The agent fits its cost model on measured phases; the
   engine knows each request's recompute cost from its own model.
+- prefill saved per tier: within 10 % of the truth, for each tier that holds at least TIER_SHARE_CHECKED of the
+  saved seconds (smaller ones are reported). The engine knows each request's tokens and fetch seconds per
+  tier; the agent has only its counters' mix over all requests (docs/value.md has the split both use).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.agent.core.records import COMPONENTS
 from kvscope.agent.core.tiers import STORAGE_TIERS
+from kvscope.agent.tools.reference.truth import RequestTruth
 from kvscope.agent.tools.selftest.harness import ENGINE_KIND, RunCapture
 
 SHARE_PP = 5.0
@@ -41,6 +45,7 @@ STALL_RELATIVE = 0.10
 REQUEST_FRACTION_OF_TTFT = 0.10
 REQUESTS_WITHIN = 0.90
 SAVED_RELATIVE = 0.10
+TIER_SHARE_CHECKED = 0.10
 SUM_RELATIVE = 1e-9
 
 
@@ -61,6 +66,7 @@ class Figures:
     # id -> ttft, fetch, prefill, offload
     per_request: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
     prefill_saved: float = 0.0  # net seconds (saved − lost) over requests that reused tokens
+    saved_by_tier: dict[str, float] = field(default_factory=dict)  # the same, by the tier that served the reuse
     fetch_stall: float = 0.0  # device idle while a request fetched and none computed, seconds
 
 
@@ -96,6 +102,8 @@ def truth_figures(run: RunCapture) -> Figures:
         f.per_request[t.request_id] = (t.ttft_s, t.fetch_total_s, t.prefill_compute_s, t.offload_s)
         if t.tokens_by_tier:
             f.prefill_saved += t.recompute_s - (t.prefill_compute_s + t.fetch_total_s)
+            for tier, seconds in saved_by_tier(t).items():
+                f.saved_by_tier[tier] = f.saved_by_tier.get(tier, 0.0) + seconds
         # one device loop fetches synchronously, then computes: the device is idle for every fetch
         f.fetch_stall += t.fetch_total_s
     f.requests = f.ttft_count = float(len(run.truths))
@@ -104,6 +112,17 @@ def truth_figures(run: RunCapture) -> Figures:
     block_bytes = run.config.geometry.block_bytes(run.block_tokens)  # the engine's own block size in bytes
     f.used_bytes = {k: float(v * block_bytes) for k, v in run.resident.items()}
     return f
+
+
+def saved_by_tier(t: RequestTruth) -> dict[str, float]:
+    """The engine's own split of a request's saved seconds: compute avoided by its tokens per tier, less each
+    tier's fetch seconds."""
+    reused = sum(t.tokens_by_tier.values())
+    avoided = t.recompute_s - t.prefill_compute_s
+    out = {tier: avoided * n / reused for tier, n in t.tokens_by_tier.items()} if reused else {}
+    for tier, seconds in t.fetch_s.items():
+        out[tier] = out.get(tier, 0.0) - seconds
+    return out
 
 
 def engine_samples(exposition: str) -> Iterable[tuple[str, dict[str, str], float]]:
@@ -149,6 +168,9 @@ def measured_figures(run: RunCapture) -> Figures:
             lost += value
         elif name == "kvscope_gpu_fetch_stall_seconds_total":
             f.fetch_stall += value
+        elif name in ("kvscope_tier_prefill_saved_seconds_total", "kvscope_tier_prefill_lost_seconds_total"):
+            sign = 1.0 if "saved" in name else -1.0
+            f.saved_by_tier[labels["tier"]] = f.saved_by_tier.get(labels["tier"], 0.0) + sign * value
     f.prefill_saved = saved - lost
     for tier in estimated:
         f.resident_blocks[tier] = math.nan
@@ -196,10 +218,26 @@ def compare(run: str, truth: Figures, measured: Figures) -> list[Check]:
     t, m = truth.prefill_saved, measured.prefill_saved
     err = (m - t) / abs(t) if t else (0.0 if m == 0 else math.inf)
     out.append(Check(run, "prefill saved s (net)", t, m, err, f"rel {SAVED_RELATIVE:g}", abs(err) <= SAVED_RELATIVE))
+    out.extend(_saved_by_tier(run, truth, measured))
     t, m = truth.fetch_stall, measured.fetch_stall
     err = (m - t) / t if t else (0.0 if m == 0 else math.inf)
     out.append(Check(run, "GPU fetch stall s (device slot)", t, m, err, f"rel {STALL_RELATIVE:g}",
                      abs(err) <= STALL_RELATIVE))
+    return out
+
+
+def _saved_by_tier(run: str, truth: Figures, measured: Figures) -> list[Check]:
+    """Net saved seconds per tier: within SAVED_RELATIVE where the tier holds TIER_SHARE_CHECKED of the saved
+    seconds by either side's count, reported below that."""
+    scale = sum(abs(v) for v in truth.saved_by_tier.values())
+    out = []
+    for tier in sorted(set(truth.saved_by_tier) | set(measured.saved_by_tier)):
+        t, m = truth.saved_by_tier.get(tier, 0.0), measured.saved_by_tier.get(tier, 0.0)
+        err = (m - t) / abs(t) if t else (0.0 if m == 0 else math.inf)
+        checked = scale > 0 and max(abs(t), abs(m)) >= TIER_SHARE_CHECKED * scale
+        out.append(Check(run, f"prefill saved s (net) {tier}", t, m, err,
+                         f"rel {SAVED_RELATIVE:g}" if checked else "reported (under 10 % of the saved seconds)",
+                         abs(err) <= SAVED_RELATIVE or not checked))
     return out
 
 

@@ -3,6 +3,8 @@
 1. TTFT against prompt length: each prompt recomputed without a cache, then sent cold and warm to an engine
    whose reused blocks all come from G4; the split per length, the fetch bandwidth against break-even.
 2. Shared prompts: N requests from M prompts at concurrency C, cache starting empty, against recompute.
+3. What G4 is worth in that run: the GPU time it saved per hour, and the marginal value of doubling it
+   (demo_value.py).
 
 While it runs it serves each engine's and agent's /metrics (URLs printed) and prints a progress line per
 second from the agent's own exposition. At the end: a report with one headline per experiment, printed and
@@ -12,6 +14,7 @@ chart.py). `keep_serving` leaves the shared-prompts cache run's engine and agent
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tempfile
@@ -23,11 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvscope.agent.analyses.whatif.commands import fetch
+from kvscope.agent.analyses.whatif.profile import StreamProfile, loads
 from kvscope.agent.tools.reference.engine import Engine
 from kvscope.agent.tools.selftest import chart
 from kvscope.agent.tools.selftest.checks import check_run, engine_samples
 from kvscope.agent.tools.selftest.demo_figures import sweep_figures, throughput_figures
 from kvscope.agent.tools.selftest.demo_report import markdown, sweep_headline, throughput_headline
+from kvscope.agent.tools.selftest.demo_value import g4_value, value_headline, value_section, whatif_config
 from kvscope.agent.tools.selftest.harness import Harness, RunCapture
 from kvscope.agent.tools.selftest.plans import DemoPlan
 from kvscope.agent.tools.selftest.runner import settle_check
@@ -54,8 +60,10 @@ class Progress:
     total: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    agent_urls: dict[str, str] = field(default_factory=dict)
 
     def start(self, label: str, engine: Engine, engine_url: str, agent_url: str) -> None:
+        self.agent_urls[label] = agent_url
         self.say(f"[{label}] engine /metrics: {engine_url}")
         self.say(f"[{label}] agent  /metrics: {agent_url}")
         self._stop.clear()
@@ -122,16 +130,31 @@ def run_demo(plan: DemoPlan, out: Path, say: Print = print, keep_serving: bool =
             say(f"2/2 shared prompts: {plan.requests} requests from {plan.prompts} prompts of "
                 f"{plan.prompt_tokens:,} tokens, {plan.concurrency} at a time, with G4 then recomputed")
             progress.total = plan.requests
+            # the shared-prompts runs: every block sampled, G4's size told to the what-if; the cache run's
+            # profile is read before its agent stops
+            harness.reuse_sample_rate = 1.0
+            harness.extra_config = whatif_config(plan, plan.base(Path(tmp) / "shared"))
+            profiles: dict[str, bytes] = {}
+
+            def stop(label: str) -> None:
+                _keep_profile(profiles, label, progress.agent_urls.get(label))
+                progress.stop(label)
+
+            harness.on_stop = stop
             cache, recompute = plan.throughput(harness, Path(tmp) / "shared")
             sweep_recompute, sweep_cache, shared_cache, shared_recompute = harness.runs
+            g4 = g4_value(shared_cache, cache, _profile(profiles.get("shared-prompts cache")))
             passed, verdict = _verdict(harness.runs)
             sweep = sweep_figures(sweep_recompute, sweep_cache, recomputed, rows)
             throughput = throughput_figures(shared_cache, shared_recompute, cache, recompute, plan.prompts,
                                             plan.concurrency)
             report, png = out / "report.md", out / "ttft.png"
-            report.write_text(markdown(plan, sweep, throughput, verdict), encoding="utf-8")
+            report.write_text(markdown(plan, sweep, throughput, verdict, value_section(g4)), encoding="utf-8")
             figures = {"plan": asdict(plan), "sweep": asdict(sweep), "throughput": asdict(throughput),
-                       "headlines": {"sweep": sweep_headline(sweep), "throughput": throughput_headline(throughput)},
+                       "g4_value": {**asdict(g4), "doubling_per_hour": g4.per_hour(g4.doubling),
+                                    "last_step_per_hour": g4.per_hour(g4.last)},
+                       "headlines": {"sweep": sweep_headline(sweep), "throughput": throughput_headline(throughput),
+                                     "g4_value": value_headline(g4)},
                        "selftest": verdict}
             (out / "figures.json").write_text(json.dumps(_finite(figures), indent=1) + "\n", encoding="utf-8")
             chart.render(png, sweep, throughput, f"kvscope demo: {plan.model or 'small'} KV geometry, every reused "
@@ -140,6 +163,7 @@ def run_demo(plan: DemoPlan, out: Path, say: Print = print, keep_serving: bool =
             say(report.read_text(encoding="utf-8"))
             say(f"headline 1: {sweep_headline(sweep)}")
             say(f"headline 2: {throughput_headline(throughput)}")
+            say(f"headline 3: {value_headline(g4)}")
             say(f"written: {report}, {png}, {out / 'figures.json'} ({seconds:.0f} s)")
             if keep_serving and wait is not None:
                 say("still serving the shared-prompts cache run's engine and agent (URLs above); Ctrl-C to stop")
@@ -147,6 +171,19 @@ def run_demo(plan: DemoPlan, out: Path, say: Print = print, keep_serving: bool =
         finally:
             harness.close()
     return DemoResult(report, png, figures, list(harness.runs), passed, seconds)
+
+
+def _keep_profile(profiles: dict[str, bytes], label: str, agent_url: str | None) -> None:
+    """The what-if profile of a run's agent, read while it still serves (a failure leaves the figure out)."""
+    if agent_url is None:
+        return
+    with contextlib.suppress(OSError):
+        profiles[label] = fetch(agent_url)
+
+
+def _profile(data: bytes | None) -> StreamProfile | None:
+    profiles = loads(data) if data else []
+    return profiles[0] if profiles else None
 
 
 def _finite(value: Any) -> Any:

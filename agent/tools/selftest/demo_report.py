@@ -96,7 +96,7 @@ CAVEATS = (
 )
 
 
-def markdown(plan: DemoPlan, sweep: Sweep, throughput: Throughput, verdict: str) -> str:
+def markdown(plan: DemoPlan, sweep: Sweep, throughput: Throughput, verdict: str, value: list[str] | None = None) -> str:
     geometry = plan.model or "selftest-small (2 KiB/token)"
     lines = ["# kvscope demo: does a shared KV tier pay off?", "",
              "The seeds' two experiments at laptop scale, with the kvscope agent attached to the reference engine "
@@ -104,7 +104,7 @@ def markdown(plan: DemoPlan, sweep: Sweep, throughput: Throughput, verdict: str)
              f"KV geometry {geometry} ({sweep.bytes_per_token:,} B/token), {plan.block_tokens}-token blocks; as in "
              "the seeds' G4 test, G1 and G2 keep nothing, so every reused block comes from G4; compute from the "
              f"seeds' cost model (0.572 s at 10k tokens, 32.14 s at 130k) × {plan.time_scale:g}.", "",
-             *_sweep(sweep), *_throughput(throughput),
+             *_sweep(sweep), *_throughput(throughput), *(value or []),
              "## What these numbers do not show", "", *[f"- {c}" for c in CAVEATS], "",
              "![TTFT against prompt length, its split, and throughput](ttft.png)", "",
              f"Selftest checks on these runs (the agent against the engine's truth): {verdict}", ""]

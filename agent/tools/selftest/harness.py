@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import urllib.request
@@ -52,6 +53,9 @@ TIERING_TIERS = {"1:fs": "G3", "2:fs": "G4"}
 # The correlation engine counts fetch stall once its horizon (now - this) passes a stretch: short here,
 # so a run settles quickly; _settle waits for the horizon to pass the last request.
 STALL_SETTLE_SECONDS = 0.5
+# how close the aggregate's component seconds must come to the TTFT sum for the run to count as wholly
+# attributed (float sums of the same seconds, added in another order)
+AGGREGATE_WHOLE_RELATIVE = 1e-6
 # totals that must stop changing before the run counts as seen (names in the agent's store)
 SETTLE_METRICS = ("kvscope_ttft_seconds", "kvscope_kv_hit_tokens_total", "kvscope_kv_transfer_bytes_total",
                   "kvscope_kv_resident_blocks", "kvscope_kv_events_total", "kvscope_requests_attributed_total",
@@ -280,7 +284,15 @@ class Harness:
         def complete() -> bool:
             ttft = sum(store.values("kvscope_ttft_seconds").values())
             attributed = sum(store.values("kvscope_requests_attributed_total").values())
-            return ttft == requests and attributed == requests
+            return ttft == requests and attributed == requests and aggregate_whole()
+
+        def aggregate_whole() -> bool:
+            """The aggregate attribution's components add up to the TTFT sum: no window is still held for
+            phases or records that come after the TTFTs (it would leave the run's shares without it)."""
+            ttft = math.fsum(store.histogram("kvscope_ttft_seconds", labels)[2]
+                             for labels in store.values("kvscope_ttft_seconds"))
+            parts = math.fsum(store.values("kvscope_ttft_attributed_seconds_total").values())
+            return abs(parts - ttft) <= AGGREGATE_WHOLE_RELATIVE * max(ttft, 1.0)
 
         previous = None
         complete_since: float | None = None

@@ -64,7 +64,7 @@ def test_the_jsonl_sink_is_built_only_when_enabled_and_receives_attributions(tmp
 
 def test_disabled_stages_are_not_built() -> None:
     text = BASE + ("[collectors.nvml]\nenabled = false\n[analyses.correlation]\nenabled = false\n"
-                   "[analyses.whatif]\nenabled = false\n")
+                   "[analyses.whatif]\nenabled = false\n[analyses.value]\nenabled = false\n")
     agent = build_agent(load_config(text, components(), environ={}))
     assert "nvml" not in agent.collectors and not agent.analyses
     assert {job.name for job in agent.scheduler.jobs} == set(agent.collectors)

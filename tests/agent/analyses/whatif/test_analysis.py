@@ -16,6 +16,7 @@ from kvscope.agent.analyses.whatif.analysis import PROFILE_ROUTE, WhatIfAnalysis
 from kvscope.agent.analyses.whatif.options import WhatIfOptions
 from kvscope.agent.analyses.whatif.predict import replay
 from kvscope.agent.analyses.whatif.profile import loads
+from kvscope.agent.analyses.whatif.sizes import scenario
 from kvscope.agent.app.cli import main
 from kvscope.agent.app.wiring import build_agent, build_catalogue, components
 from kvscope.agent.config.settings import load_config
@@ -145,10 +146,17 @@ def test_kvscope_what_if_on_a_recording(tmp_path: Path, capsys: pytest.CaptureFi
     analysis.run()
     out = tmp_path / "out.json"
     assert main(["what-if", "--recording", str(tmp_path / "whatif.json"), "--g1", "2x", "--g2", "64KiB",
-                 "--scenario", "off:G2=0", "--json", str(out)]) == 0
+                 "--scenario", "off:G2=0", "--json", str(out), "--gpus-per-engine", "2"]) == 0
     text = capsys.readouterr().out
     assert "today (measured)" in text and "G1=2x,G2=64KiB" in text and "off" in text
     (doc,) = json.loads(out.read_text())
+    # the marginal value of G1's next step: its prefill saved per request at 2x less today's, x 2 GPUs
+    (profile,) = loads((tmp_path / "whatif.json").read_bytes())
+    today, doubled = replay(profile, [scenario("G1x2", {"G1": "2x"})])
+    assert today.ttft is not None and doubled.ttft is not None
+    (step,) = [m for m in doc["marginal"] if m["tier"] == "G1" and m["step"] == "next"]
+    assert step["per_request"] == pytest.approx(2 * (doubled.ttft.prefill_saved - today.ttft.prefill_saved))
+    assert step["blocks_change"] == 4 and "G1 +" in text and "GPU-ms per request" in text
     names = [s["name"] for s in doc["scenarios"]]
     assert names == ["today", "G1=2x,G2=64KiB", "off"]
     assert doc["scenarios"][1]["blocks"] == {"G1": 8, "G2": 65536 // (BT * 36_864), "G3": 0, "G4": 0}

@@ -47,6 +47,17 @@ def test_transport_rows_are_the_models_conditional_frequencies() -> None:
     assert t[2] == [0, 0, 0, 0, 1]  # G3 off in the scenario and never served today: its tokens are recomputed
 
 
+def test_tokens_the_model_served_today_and_the_engine_recomputed_are_gained_where_the_scenario_moves_them() -> None:
+    """The model served 5 accesses from G3 today, the engine 3 (96 tokens): the other 64 tokens the engine
+    recomputed. The scenario moves 4 of every 5 of G3's accesses to G1, so 4/5 of those 64 become G1's hits
+    beside the model's own 2 misses turned hits; the fifth stays in G3, where the engine missed it today."""
+    o = outcomes({(0, 0): 10, (2, 0): 4, (2, 2): 1, (MISS, 0): 2, (MISS, MISS): 8})
+    measured = Measured(1416.0, {"G1": 320.0, "G3": 96.0})  # 1,000 tokens recomputed
+    t = transport(o, measured, 32, 1.0, [100, 0, 100, 0])
+    assert t[MISS][0] == pytest.approx((2 * 32 + 64 * 4 / 5) / 1000)
+    assert t[MISS][2] == 0 and sum(t[MISS]) == pytest.approx(1.0)
+
+
 def test_ttft_moves_by_the_compute_and_fetch_of_the_tokens_that_change_tier() -> None:
     """A request of 1,000 tokens, 800 of them from G2 today; in the scenario G2 is gone and they are computed."""
     requests = [RequestSample(ttft=0.5, prompt_tokens=1000, cached_tokens=800)]
@@ -120,7 +131,7 @@ def profile() -> StreamProfile:
                          batches=array("I", [3, 4, 3]), warmup=3,
                          measured=Measured(160.0, {"G1": 32.0, "G2": 16.0}), cost=COST,
                          requests=[RequestSample(0.1, 48, 16, 0.001), RequestSample(0.2, 64, None)],
-                         notes=["G3: size unknown"])
+                         notes=["G3: size unknown"], requests_per_hour=7200.0)
 
 
 def test_the_profile_round_trips() -> None:

@@ -313,3 +313,40 @@ def test_every_chart_has_a_legend_and_none_is_drawn_empty() -> None:
                 assert ax.get_legend() is not None, f"{name}: a panel without a legend"
                 assert ax.has_data(), f"{name}: an empty panel"
     assert "link_bytes.png" not in figures(build_report(FIX / "aiperf"))  # two scrapes: no time series to draw
+
+
+def _duration(run: Path) -> float:
+    return len(_profiling(run)) / _rps(run)
+
+
+def test_what_each_tier_saved_per_hour_from_the_recording_and_the_engine_counters(live: Any) -> None:
+    """Every reused token of this run came from G4 (the engine counted no other hit tier, and G2 -> G1 only relayed
+    G4's blocks), so G4 owns every second the recording says was saved, per hour of the run."""
+    assert _growth(CACHED, "vllm:prompt_tokens_cached_by_source", source="host") == 0
+    saved = sum(r["prefill_saved"] for r in _lines(RECORDING) if r["prefill_saved"] is not None)
+    assert live.saved_per_hour == {"G4": pytest.approx(saved * 3600 / _duration(CACHED), rel=1e-6)}
+    assert "*GPU time saved per hour* =" in to_markdown(live) and "**G4 saved" in to_markdown(live)
+    twice = build_report(CACHED, recording=RECORDING, gpus=2.0)
+    assert twice.saved_per_hour["G4"] == pytest.approx(2 * live.saved_per_hour["G4"])
+
+
+def test_the_marginal_value_of_each_tier_from_a_whatif_profile(tmp_path: Path) -> None:
+    """A profile whose G1 of 2 blocks misses a block used again 2 steps later: doubling G1 keeps it."""
+    from array import array
+
+    from kvscope.agent.analyses.whatif.marginal import marginals
+    from kvscope.agent.analyses.whatif.profile import Cost, Measured, RequestSample, StreamProfile, TierFetch, dumps
+
+    profile = StreamProfile("reference", "m", "0", 1.0, 16, 36_864, "inclusive", [2, 0, None, 0],
+                            trace=array("Q", [1, 2, 3, 1, 2, 3, 1, 2, 3]), batches=array("I", [3, 3, 3]), warmup=3,
+                            measured=Measured(144.0, {}), cost=Cost(4e-5, 1e-9, True, {"G2": TierFetch(1e9)}),
+                            requests=[RequestSample(0.1, 48, 0)] * 6)
+    (tmp_path / "profile.json").write_bytes(dumps([profile]))
+    report = build_report(CACHED, recording=RECORDING, whatif=tmp_path / "profile.json")
+    expected = {(m.tier, m.step): m.per_request for m in marginals(profile)}
+    got = {(m["tier"], m["step"]): m for m in report.marginal}
+    assert set(got) == set(expected) and got[("G1", "next")]["per_request"] > 0
+    for key, m in got.items():
+        assert m["per_request"] == pytest.approx(expected[key])
+        assert m["per_hour"] == pytest.approx(expected[key] * report.rps * 3600)
+    assert "*Marginal value of a tier's size* =" in to_markdown(report)

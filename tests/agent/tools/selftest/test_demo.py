@@ -50,3 +50,14 @@ def test_small_demo_tells_both_headlines_from_the_engines_own_figures(tmp_path: 
     point = figures["sweep"]["points"][-1]
     assert sum(point["split"]["warm"].values()) == pytest.approx(point["warm_s"], rel=1e-6)
     assert point["split"]["warm_truth"]["fetch"] == pytest.approx(warm.fetch_total_s)
+    # headline 3: G4's saved GPU time per hour, the agent's next to the engine's own split, and the marginal value
+    # of doubling it from the what-if (2 prompts, G4 holding both: doubling adds nothing the model can see)
+    value = figures["g4_value"]
+    truth_saved = sum(x.recompute_s - x.prefill_compute_s - x.fetch_total_s for x in shared_cache.truths
+                      if x.tokens_by_tier) * 3600 / t["cache_seconds"]
+    assert value["saved_per_hour_truth"] == pytest.approx(truth_saved, rel=1e-6)  # every reused token was G4's
+    assert value["saved_per_hour"] == pytest.approx(truth_saved, rel=0.10)
+    assert value["doubling"] is not None and value["doubling"]["tier"] == "G4"
+    assert value["g4_bytes"] == shared_cache.config.g4_blocks * 256 * 36_864  # the size the engine has
+    assert "*GPU time saved per hour* =" in report and "*Marginal value of doubling G4* =" in report
+    assert next(x for x in lines if x.startswith("headline 3:")).startswith("headline 3: G4 saved")

@@ -37,6 +37,10 @@ def test_selftest_passes_on_the_shared_prompts_scenario(tmp_path: Path) -> None:
             "resident blocks G4", "TTFT share fetch %", "prefill saved s (net)"} <= quantities
     saved = next(c for _, c in rows if c.run == "cache" and c.quantity == "prefill saved s (net)")
     assert saved.truth > 0 and saved.measured > 0
+    # saved seconds by tier, each checked against the engine's own split (every tier here holds > 10 % of it)
+    by_tier = {c.quantity: c for _, c in rows if c.run == "cache" and c.quantity.startswith("prefill saved s (net) ")}
+    assert {f"prefill saved s (net) G{i}" for i in range(1, 5)} <= set(by_tier)
+    assert all(c.tolerance == "rel 0.1" and c.truth > 0 for c in by_tier.values())
     # the agent was configured from TOML text, as an operator would: the file is there to read
     config = (tmp_path / "shared-prompts" / "agent" / "0-cache" / "kvscope.toml").read_text()
     assert 'engine = "reference"' in config and '"external_unspecified" = "G4"' in config
@@ -90,7 +94,7 @@ def _figures() -> Figures:
                    resident_blocks={"G1": 4.0, "G2": 0.0, "G3": 0.0, "G4": 12.0}, requests=10.0, ttft_count=10.0,
                    ttft_sum=1.0, lookup_tokens=4096.0, computed_tokens=1536.0,
                    components={"queue": 0.2, "fetch": 0.2, "offload": 0.05, "prefill": 0.45, "other": 0.1},
-                   per_request=per_request, prefill_saved=0.4)
+                   per_request=per_request, prefill_saved=0.4, saved_by_tier={"G1": 0.3, "G4": 0.1})
 
 
 def _failed(checks: list[Check]) -> set[str]:
@@ -121,6 +125,16 @@ def test_tolerances_fail_just_outside_and_pass_just_inside() -> None:
     inside = replace(_figures(), ttft_sum=1.0 + 5e-10, prefill_saved=0.4 * 1.09,
                      components={"queue": 0.2, "fetch": 0.16, "offload": 0.05, "prefill": 0.49, "other": 0.1})
     assert _failed(compare("cache", _figures(), inside)) == set()
+
+
+def test_saved_seconds_per_tier_fail_outside_ten_percent_and_small_tiers_are_reported() -> None:
+    measured = _figures()
+    measured.saved_by_tier = {"G1": 0.3 * 1.09, "G4": 0.1 * 1.11, "G2": 0.039}  # G2 under 10 % of 0.4 s
+    checks = {c.quantity: c for c in compare("cache", _figures(), measured)}
+    assert _failed(list(checks.values())) == {"prefill saved s (net) G4"}
+    assert checks["prefill saved s (net) G2"].tolerance.startswith("reported")
+    measured.saved_by_tier["G2"] = 0.041  # a tier the truth says saved nothing, measured at 10 %: a miss
+    assert "prefill saved s (net) G2" in _failed(compare("cache", _figures(), measured))
 
 
 def test_per_request_needs_ninety_percent_within_ten_percent_of_ttft() -> None:
