@@ -44,6 +44,7 @@ from kvscope.collectors.engines.contract_map import (
 )
 from kvscope.collectors.engines.lmcache_mp import DEFAULT_L2_TIERS, L2, L2_LOAD, mp_dialect
 from kvscope.collectors.engines.lmcache_mp import PREFIX as MP_PREFIX
+from kvscope.collectors.engines.lmcache_tenants import SALT_TENANT_METRICS, SaltTenants
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.vllm_map import TierTable
 from kvscope.collectors.scrape.exposition import Labels, ScanResult
@@ -56,7 +57,7 @@ POOL = "lmcache_local_disk"
 METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
     c.CONNECTOR_LOOKUP_TOKENS, c.CONNECTOR_HIT_TOKENS, c.ENGINE_HIT_RATIO, c.KV_LOAD_SECONDS, c.KV_STORE_SECONDS,
     c.TIER_PLACEMENT_INFO, c.KV_TRANSFER_BANDWIDTH, c.KV_LIFETIME_SECONDS, c.KV_IDLE_BEFORE_EVICT_SECONDS,
-    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)))
+    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)), *SALT_TENANT_METRICS)
 
 
 def dialect(hit_tier: str, disk_tier: str, remote_tier: str, engine_totals: bool) -> Dialect:
@@ -99,9 +100,17 @@ class LmcacheOptions(ScrapeOptions):
     engine_totals: bool = False  # also read prompt tokens and G1 hits (only when no vLLM adapter reads the engine)
     # MP mode: L2 adapter (l2_name) → tier, over the defaults (fs G3, nixl_store and mooncake_store G4)
     l2_tiers: dict[str, str] = field(default_factory=dict)
+    # MP mode: served share per tenant (cache_salt) for the N busiest tenants, the rest as "other" (0 = off)
+    tenants_top_n: int = 0
+    tenants_max_tracked: int = 1000  # tenants remembered between collections, per model
 
     def validate(self, path: str) -> None:
         self.check_scrape(NAME)
+        if self.tenants_top_n < 0:
+            raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {self.tenants_top_n}")
+        if self.tenants_top_n and self.tenants_max_tracked < self.tenants_top_n:
+            raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({self.tenants_top_n}), got "
+                             f"{self.tenants_max_tracked}")
         for name, tier in self.l2_tiers.items():
             try:
                 parse_tier(tier)
@@ -118,10 +127,18 @@ class LmcacheCollector(EngineCollector):
                         options.engine_totals)
         normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
         mp = MpNormaliser(options)
+        tenants: dict[str, SaltTenants] = {}  # per target URL, with tenants_top_n
 
-        def normalise(_url: str, page: ScanResult) -> Normalised:
+        def normalise(url: str, page: ScanResult) -> Normalised:
             ours, theirs = normaliser.normalise(page), mp.normalise(page)
-            return Normalised([*ours.readings, *theirs.readings], ours.dropped + theirs.dropped)
+            readings = [*ours.readings, *theirs.readings]
+            if options.tenants_top_n:
+                salts = tenants.get(url)
+                if salts is None:
+                    salts = tenants[url] = SaltTenants(options.engine, options.hit_tier, options.tenants_top_n,
+                                                       options.tenants_max_tracked)
+                readings += salts.readings(page, page_model(page))
+            return Normalised(readings, ours.dropped + theirs.dropped)
 
         super().__init__(PageScraper(NAME, options.urls, (PREFIX, MP_PREFIX), table.wanted() | mp.wanted,
                                      normalise, options.scrape_timeout_seconds, options.max_response_bytes, fetch),
