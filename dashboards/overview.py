@@ -114,9 +114,10 @@ def build() -> Dashboard:
             "kvscope_tenant_kv_lookup_blocks_total; hits need kv_cache_report_mode=full on the requests). "
             "LMCache's cache_salt on its multiprocess server, when the lmcache collector's tenants_top_n is set: "
             "L1 and L2 together, in the collector's hit_tier, in tokens (kvscope_tenant_kv_hit_tokens_total over "
-            "kvscope_tenant_kv_lookup_tokens_total). Each pod shows its N busiest tenants, the rest as 'other', "
-            "so a tenant busy on one pod may sit in another pod's 'other' (docs/vllm-kv-events.md, "
-            "docs/lmcache.md)."), "percentunit",
+            "kvscope_tenant_kv_lookup_tokens_total). SGLang's request label (tenant_label, from its "
+            "x-custom-labels header): prompt tokens served per tier by cache_source, in tokens. Each pod shows its N "
+            "busiest tenants, the rest as 'other', so a tenant busy on one pod may sit in another pod's 'other' "
+            "(docs/vllm-kv-events.md, docs/lmcache.md, docs/sglang.md)."), "percentunit",
             [Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_blocks_total"
                    f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
                    f"(rate(kvscope_tenant_kv_lookup_blocks_total{{{ENGINE}}}[$__rate_interval])) > 0)",
@@ -124,7 +125,7 @@ def build() -> Dashboard:
              Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_tokens_total"
                    f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
                    f"(rate(kvscope_tenant_kv_lookup_tokens_total{{{ENGINE}}}[$__rate_interval])) > 0)",
-                   "{{tenant}} {{tier}} (LMCache)")],
+                   "{{tenant}} {{tier}} (tokens)")],
             percent_max=True),
     ]
     links = [

@@ -42,9 +42,14 @@ from kvscope.collectors.engines.contract_map import (
     Rule,
     page_model,
 )
+from kvscope.collectors.engines.label_tenants import (
+    LABEL_TENANT_METRICS,
+    LabelTenants,
+    TenantSeries,
+    check_tenant_options,
+)
 from kvscope.collectors.engines.lmcache_mp import DEFAULT_L2_TIERS, L2, L2_LOAD, mp_dialect
 from kvscope.collectors.engines.lmcache_mp import PREFIX as MP_PREFIX
-from kvscope.collectors.engines.lmcache_tenants import SALT_TENANT_METRICS, SaltTenants
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.vllm_map import TierTable
 from kvscope.collectors.scrape.exposition import Labels, ScanResult
@@ -57,7 +62,7 @@ POOL = "lmcache_local_disk"
 METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
     c.CONNECTOR_LOOKUP_TOKENS, c.CONNECTOR_HIT_TOKENS, c.ENGINE_HIT_RATIO, c.KV_LOAD_SECONDS, c.KV_STORE_SECONDS,
     c.TIER_PLACEMENT_INFO, c.KV_TRANSFER_BANDWIDTH, c.KV_LIFETIME_SECONDS, c.KV_IDLE_BEFORE_EVICT_SECONDS,
-    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)), *SALT_TENANT_METRICS)
+    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)), *LABEL_TENANT_METRICS)
 
 
 def dialect(hit_tier: str, disk_tier: str, remote_tier: str, engine_totals: bool) -> Dialect:
@@ -106,11 +111,7 @@ class LmcacheOptions(ScrapeOptions):
 
     def validate(self, path: str) -> None:
         self.check_scrape(NAME)
-        if self.tenants_top_n < 0:
-            raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {self.tenants_top_n}")
-        if self.tenants_top_n and self.tenants_max_tracked < self.tenants_top_n:
-            raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({self.tenants_top_n}), got "
-                             f"{self.tenants_max_tracked}")
+        check_tenant_options(self.tenants_top_n, self.tenants_max_tracked)
         for name, tier in self.l2_tiers.items():
             try:
                 parse_tier(tier)
@@ -127,17 +128,19 @@ class LmcacheCollector(EngineCollector):
                         options.engine_totals)
         normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
         mp = MpNormaliser(options)
-        tenants: dict[str, SaltTenants] = {}  # per target URL, with tenants_top_n
+        tenants: dict[str, LabelTenants] = {}  # per target URL, with tenants_top_n
+        salts = TenantSeries((MP_PREFIX + "lookup_requested_tokens_total",), (MP_PREFIX + "lookup_hit_tokens_total",),
+                             "cache_salt", lambda _labels: options.hit_tier)
 
         def normalise(url: str, page: ScanResult) -> Normalised:
             ours, theirs = normaliser.normalise(page), mp.normalise(page)
             readings = [*ours.readings, *theirs.readings]
             if options.tenants_top_n:
-                salts = tenants.get(url)
-                if salts is None:
-                    salts = tenants[url] = SaltTenants(options.engine, options.hit_tier, options.tenants_top_n,
-                                                       options.tenants_max_tracked)
-                readings += salts.readings(page, page_model(page))
+                per_salt = tenants.get(url)
+                if per_salt is None:
+                    per_salt = tenants[url] = LabelTenants(salts, options.engine, options.tenants_top_n,
+                                                           options.tenants_max_tracked)
+                readings += per_salt.readings(page, page_model(page))
             return Normalised(readings, ours.dropped + theirs.dropped)
 
         super().__init__(PageScraper(NAME, options.urls, (PREFIX, MP_PREFIX), table.wanted() | mp.wanted,
