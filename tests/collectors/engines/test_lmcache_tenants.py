@@ -17,7 +17,7 @@ from kvscope.agent.config.settings import ConfigError, load_config
 from kvscope.agent.core.readings import Sample
 from kvscope.agent.core.store import Store
 from kvscope.collectors.engines.lmcache import NAME, LmcacheCollector, LmcacheOptions
-from testkit.engine_pages import PageServer
+from testkit.engine_pages import PageServer, page
 
 MODEL = "meta-llama/Llama-3.1-8B"
 TENANTS, TOP_N, MAX_TRACKED = 1000, 10, 100
@@ -123,3 +123,13 @@ def test_tenant_options_are_checked(options: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(f'[collectors.lmcache]\nenabled = true\nurls = ["http://l/metrics"]\n{options}\n', components(),
                     environ={})
+
+
+def test_captured_mp_page_unsalted_lookups_are_tenant_base() -> None:
+    """LMCache's MP server as captured (tests/fixtures/lmcache/captured/README.md): cache_salt="" → tenant base,
+    with the page's own 960 requested and 640 hit tokens."""
+    body = page("lmcache", "captured/mp-server-issue-3640-cpu-smoke.prom")
+    with PageServer({"/metrics": body}) as server:
+        v = collect(scraper(server, tenants_top_n=TOP_N))
+    opt = ("lmcache", "facebook/opt-125m", "0")
+    assert tenant_series(v) == {(LOOKUPS, (*opt, "base")): 960, (HITS, (*opt, "base", "G2")): 640}
