@@ -108,17 +108,25 @@ def build() -> Dashboard:
              Query(f"sum by (model) (kvscope:kv_hit_tokens:rate5m{{{ENGINE}}}) / (sum by (model) "
                    f"(kvscope:kv_lookup_tokens:rate5m{{{ENGINE}}}) > 0)", "served from any tier {{model}}")],
             dashed=[1, 2], percent_max=True, span=24),
-        timeseries_panel("G1 served share by tenant", (
-            "Of the full G1 blocks each tenant's requests used, the share G1 already held, over the selected "
-            "pods (kvscope_tenant_kv_hit_blocks_total over kvscope_tenant_kv_lookup_blocks_total). A tenant is "
-            "vLLM's LoRA adapter (base: no adapter), read from the KV events when the agent's tenants_top_n is "
-            "set; hits need kv_cache_report_mode=full on the requests. Each pod shows its N busiest tenants, "
-            "the rest as 'other', so a tenant busy on one pod may sit in another pod's 'other' "
-            "(docs/vllm-kv-events.md)."), "percentunit",
+        timeseries_panel("Served share by tenant", (
+            "Of what each tenant's requests looked up, the share a tier already held, over the selected pods. "
+            "vLLM's LoRA adapters (base: no adapter), read from the KV events when the vllm_kv_events "
+            "collector's tenants_top_n is set: G1, in full blocks (kvscope_tenant_kv_hit_blocks_total over "
+            "kvscope_tenant_kv_lookup_blocks_total; hits need kv_cache_report_mode=full on the requests). "
+            "LMCache's cache_salt on its multiprocess server, when the lmcache collector's tenants_top_n is set: "
+            "L1 and L2 together, in the collector's hit_tier, in tokens (kvscope_tenant_kv_hit_tokens_total over "
+            "kvscope_tenant_kv_lookup_tokens_total). SGLang's request label (tenant_label, from its "
+            "x-custom-labels header): prompt tokens served per tier by cache_source, in tokens. Each pod shows its N "
+            "busiest tenants, the rest as 'other', so a tenant busy on one pod may sit in another pod's 'other' "
+            "(docs/vllm-kv-events.md, docs/lmcache.md, docs/sglang.md)."), "percentunit",
             [Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_blocks_total"
                    f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
                    f"(rate(kvscope_tenant_kv_lookup_blocks_total{{{ENGINE}}}[$__rate_interval])) > 0)",
-                   "{{tenant}} {{tier}}")],
+                   "{{tenant}} {{tier}}"),
+             Query("sum by (tenant, tier) (rate(kvscope_tenant_kv_hit_tokens_total"
+                   f"{{{ENGINE}, {TIER}}}[$__rate_interval])) / ignoring(tier) group_left() (sum by (tenant) "
+                   f"(rate(kvscope_tenant_kv_lookup_tokens_total{{{ENGINE}}}[$__rate_interval])) > 0)",
+                   "{{tenant}} {{tier}} (tokens)")],
             percent_max=True),
     ]
     links = [

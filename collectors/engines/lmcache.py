@@ -42,6 +42,12 @@ from kvscope.collectors.engines.contract_map import (
     Rule,
     page_model,
 )
+from kvscope.collectors.engines.label_tenants import (
+    LABEL_TENANT_METRICS,
+    LabelTenants,
+    TenantSeries,
+    check_tenant_options,
+)
 from kvscope.collectors.engines.lmcache_mp import DEFAULT_L2_TIERS, L2, L2_LOAD, mp_dialect
 from kvscope.collectors.engines.lmcache_mp import PREFIX as MP_PREFIX
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
@@ -56,7 +62,7 @@ POOL = "lmcache_local_disk"
 METRICS = (*SCRAPE_METRICS, *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
     c.CONNECTOR_LOOKUP_TOKENS, c.CONNECTOR_HIT_TOKENS, c.ENGINE_HIT_RATIO, c.KV_LOAD_SECONDS, c.KV_STORE_SECONDS,
     c.TIER_PLACEMENT_INFO, c.KV_TRANSFER_BANDWIDTH, c.KV_LIFETIME_SECONDS, c.KV_IDLE_BEFORE_EVICT_SECONDS,
-    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)))
+    c.KV_REUSE_GAP_SECONDS, c.CONNECTOR_TIER_LOOKUP_BLOCKS, c.CONNECTOR_TIER_HIT_BLOCKS)), *LABEL_TENANT_METRICS)
 
 
 def dialect(hit_tier: str, disk_tier: str, remote_tier: str, engine_totals: bool) -> Dialect:
@@ -99,9 +105,13 @@ class LmcacheOptions(ScrapeOptions):
     engine_totals: bool = False  # also read prompt tokens and G1 hits (only when no vLLM adapter reads the engine)
     # MP mode: L2 adapter (l2_name) → tier, over the defaults (fs G3, nixl_store and mooncake_store G4)
     l2_tiers: dict[str, str] = field(default_factory=dict)
+    # MP mode: served share per tenant (cache_salt) for the N busiest tenants, the rest as "other" (0 = off)
+    tenants_top_n: int = 0
+    tenants_max_tracked: int = 1000  # tenants remembered between collections, per model
 
     def validate(self, path: str) -> None:
         self.check_scrape(NAME)
+        check_tenant_options(self.tenants_top_n, self.tenants_max_tracked)
         for name, tier in self.l2_tiers.items():
             try:
                 parse_tier(tier)
@@ -118,10 +128,20 @@ class LmcacheCollector(EngineCollector):
                         options.engine_totals)
         normaliser = EngineNormaliser(options.engine, table, lmcache_labels)
         mp = MpNormaliser(options)
+        tenants: dict[str, LabelTenants] = {}  # per target URL, with tenants_top_n
+        salts = TenantSeries((MP_PREFIX + "lookup_requested_tokens_total",), (MP_PREFIX + "lookup_hit_tokens_total",),
+                             "cache_salt", lambda _labels: options.hit_tier)
 
-        def normalise(_url: str, page: ScanResult) -> Normalised:
+        def normalise(url: str, page: ScanResult) -> Normalised:
             ours, theirs = normaliser.normalise(page), mp.normalise(page)
-            return Normalised([*ours.readings, *theirs.readings], ours.dropped + theirs.dropped)
+            readings = [*ours.readings, *theirs.readings]
+            if options.tenants_top_n:
+                per_salt = tenants.get(url)
+                if per_salt is None:
+                    per_salt = tenants[url] = LabelTenants(salts, options.engine, options.tenants_top_n,
+                                                           options.tenants_max_tracked)
+                readings += per_salt.readings(page, page_model(page))
+            return Normalised(readings, ours.dropped + theirs.dropped)
 
         super().__init__(PageScraper(NAME, options.urls, (PREFIX, MP_PREFIX), table.wanted() | mp.wanted,
                                      normalise, options.scrape_timeout_seconds, options.max_response_bytes, fetch),

@@ -19,7 +19,8 @@ named by `l2_name` (`fs`, `nixl_store`, `mooncake_store`, ...), placed by `l2_ti
 - `l1_chunk_lifetime_seconds`, `l1_chunk_idle_before_evict_seconds`, `l1_chunk_reuse_gap_seconds` (G2) and
   `l0_block_*` (vLLM's GPU blocks, G1) → kvscope_kv_block_lifetime_seconds, _idle_before_evict_seconds,
   _reuse_gap_seconds (sampled chunks, 1 % by default).
-Series without `model_name` take the page's one model. `cache_salt` (a tenant) is summed over.
+Series without `model_name` take the page's one model. `cache_salt` (a tenant) is summed over; per tenant with
+`tenants_top_n`: label_tenants.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading, Sample
 from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver, page_model
+from kvscope.collectors.engines.label_tenants import (
+    LABEL_TENANT_METRICS,
+    LabelTenants,
+    TenantSeries,
+    check_tenant_options,
+)
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.sglang_backends import (
     PLACEHOLDERS,
@@ -39,7 +45,8 @@ POOL = "sglang_hicache_file"
 METRICS = (*SCRAPE_METRICS, *(m for m in VLLM_METRICS if m.name == USAGE_RATIO),
            *(m for m in c.ENGINE_EXTRA_METRICS if m.name in (
                c.KV_TRANSFER_TOKENS, c.KV_TRANSFER_BANDWIDTH, c.ENGINE_HIT_RATIO, c.TIER_USED_TOKENS,
-               c.PREEMPTIONS, c.TIER_PLACEMENT_INFO, c.KV_EVICTED_TOKENS, c.ENGINE_UNMAPPED_VALUES)))
+               c.PREEMPTIONS, c.TIER_PLACEMENT_INFO, c.KV_EVICTED_TOKENS, c.ENGINE_UNMAPPED_VALUES)),
+           *LABEL_TENANT_METRICS)
 MAX_UNMAPPED = 16  # distinct backend names counted by name; the rest count as "other"
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,10 @@ class SglangOptions(ScrapeOptions):
     # hits the page does not split by tier: auto = G1 without HiCache series on the page, else unattributed
     unsplit_hits_tier: Literal["auto", "G1", "unattributed"] = "auto"
     kv_bytes_per_token: int = 0  # the model's KV bytes per token, for bytes where SGLang counts only tokens
+    # served share per tenant: the request label SGLang was told to keep (--tokenizer-metrics-allowed-custom-labels)
+    tenant_label: str = ""
+    tenants_top_n: int = 0  # with tenant_label: the N busiest tenants get series of their own, the rest "other"
+    tenants_max_tracked: int = 1000  # tenants remembered between collections, per model
 
     def validate(self, path: str) -> None:
         self.check_scrape(NAME)
@@ -69,6 +80,9 @@ class SglangOptions(ScrapeOptions):
             raise ValueError(f"file_storage_dir: must be an absolute path, got {self.file_storage_dir!r}")
         if self.kv_bytes_per_token < 0:
             raise ValueError("kv_bytes_per_token: must be >= 0 (0 = unknown)")
+        check_tenant_options(self.tenants_top_n, self.tenants_max_tracked)
+        if self.tenants_top_n and not self.tenant_label:
+            raise ValueError("tenants_top_n: needs tenant_label, the request label SGLang keeps per tenant")
 
 
 class SglangNormaliser:
@@ -92,6 +106,7 @@ class SglangNormaliser:
                 return (self._page_storage if backend in PLACEHOLDERS else self._backends(backend),), 0
             return (sources.get(value, self._unsplit),), 0
 
+        self.hit_tier = lambda labels: cache_source(labels.get("cache_source", ""))[0][0]  # after normalise()
         self._resolvers: dict[str, Resolver] = {
             "cache_source": cache_source,
             "prefill_compute": lambda v: ((), 0) if v == "prefill_compute" else None,
@@ -133,9 +148,24 @@ class SglangCollector(EngineCollector):
     def __init__(self, options: SglangOptions, proc_root: str = "/proc", fetch: Fetcher | None = None) -> None:
         placement = place_pool(options.file_storage_dir, proc_root, options.mountinfo)
         self._normaliser = normaliser = SglangNormaliser(options, placement.tier.value if placement else "G3")
-        super().__init__(PageScraper(NAME, options.urls, PREFIXES, dialect("G3").wanted(),
-                                     lambda _url, page: normaliser.normalise(page), options.scrape_timeout_seconds,
-                                     options.max_response_bytes, fetch), options.engine, POOL, placement)
+        series = TenantSeries(tuple(p + "prompt_tokens_total" for p in PREFIXES),
+                              tuple(p + "cached_tokens_total" for p in PREFIXES), options.tenant_label,
+                              normaliser.hit_tier)
+        tenants: dict[str, LabelTenants] = {}  # per target URL, with tenants_top_n
+
+        def normalise(url: str, page: ScanResult) -> Normalised:
+            out = normaliser.normalise(page)
+            if options.tenants_top_n:
+                per_label = tenants.get(url)
+                if per_label is None:
+                    per_label = tenants[url] = LabelTenants(series, options.engine, options.tenants_top_n,
+                                                            options.tenants_max_tracked)
+                out.readings += per_label.readings(page, page_model(page))
+            return out
+
+        super().__init__(PageScraper(NAME, options.urls, PREFIXES, dialect("G3").wanted(), normalise,
+                                     options.scrape_timeout_seconds, options.max_response_bytes, fetch),
+                         options.engine, POOL, placement)
 
     def collect(self) -> list[Reading]:
         return [*super().collect(), *self._normaliser.unmapped_readings()]

@@ -142,6 +142,7 @@ TENANTS_FORGOTTEN = "kvscope_tenants_forgotten_total"
 TENANT_ODD_NAMES = "kvscope_tenant_odd_name_events_total"
 TENANT_UNRANKED_BLOCKS = "kvscope_tenant_unranked_lookup_blocks_total"
 _SRC = "vLLM KV events (lora_name)"
+_CAP_SRC = "tenant cap (top N and other; vLLM lora_name, LMCache cache_salt)"
 TENANT_METRICS = (
     counter(TENANT_LOOKUP_BLOCKS, "blocks", (*ENGINE_LABELS, "tenant"),
             "Full G1 blocks a tenant's requests used (every GPU BlockStored, kv_cache_report_mode=full): the "
@@ -150,10 +151,10 @@ TENANT_METRICS = (
             "Of those, blocks already resident in the tier (re-announced reuses): the tenant's hits. Served "
             "share = hits / lookups.", _SRC),
     gauge(TENANTS_FOLDED, "", ENGINE_LABELS,
-          "Tenants remembered whose traffic counts for tenant=\"other\" (not in the top tenants_top_n).", _SRC),
+          "Tenants remembered whose traffic counts for tenant=\"other\" (not in the top tenants_top_n).", _CAP_SRC),
     counter(TENANTS_FORGOTTEN, "", ENGINE_LABELS,
             "Tenants dropped from memory at a collection to stay within tenants_max_tracked (the least busy).",
-            _SRC),
+            _CAP_SRC),
     counter(TENANT_UNRANKED_BLOCKS, "blocks", ENGINE_LABELS,
             "Lookups of tenants not taken in between two collections, for want of room (more than "
             "tenants_max_tracked new names): counted for tenant=\"other\".", _SRC),

@@ -97,8 +97,9 @@ def _engine_pages() -> dict[str, str]:
 
 def _hardware_agent(tmp: Path, engines: str) -> Agent:
     root = _host_tree(tmp)
+    extra = {"lmcache": "tenants_top_n = 10\n"}  # the served share by tenant panel's LMCache query
     sections = "".join(f'[collectors.{collector}]\nenabled = true\nurls = ["{engines}{path}"]\n'
-                       for path, (collector, _) in ENGINE_PAGES.items())
+                       f'{extra.get(collector, "")}' for path, (collector, _) in ENGINE_PAGES.items())
     text = f"""\
 [agent]
 interval = 0.5

@@ -54,6 +54,7 @@ QWEN32 = ("sglang", "Qwen-32B", "0")
 LLAMA3 = ("sglang", "/shared/public/models/Meta-Llama-3-8B-Instruct", "0")
 QWEN3 = ("lmcache", "Qwen/Qwen3-8B", "0")
 QWEN25 = ("lmcache", "/mnt/models/Qwen-2.5-0.5b", "0")
+OPT_MP = ("lmcache", "facebook/opt-125m", "0")
 SGLANG_TTFT_EDGES = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                      15.0, 20.0, 25.0, 30.0, INF]
 
@@ -101,6 +102,11 @@ EXPECTED: dict[str, Expected] = {
          ("kvscope_connector_hit_tokens_total", *QWEN25): 0,
          ("kvscope_connector_lookup_tokens_total", *QWEN25): 0,
          ("kvscope_kv_transfer_bytes_total", *QWEN25, "G4", "G2"): 0}),
+    # LMCache's MP server: lookups and hits over L1 and L2 together, so not placed in a tier; cache_salt="" summed
+    "mp-server-issue-3640-cpu-smoke.prom": Expected(
+        {("kvscope_connector_lookup_tokens_total", *OPT_MP): 960,
+         ("kvscope_connector_hit_tokens_total", *OPT_MP): 640,
+         ("kvscope_kv_hit_tokens_total", *OPT_MP, "unattributed"): 640}),
     # request counters only: the vllm:* lines are the vLLM adapter's
     "worker-vllm-aicr-2026-03.prom": Expected(),
     # a block size without model_total_kv_blocks is no capacity
