@@ -287,20 +287,24 @@ def running(config: Configuration) -> Iterator[tuple[Agent, str]]:
         yield agent, f"http://127.0.0.1:{port}/metrics"
 
 
-def measure(config: Configuration, settle: float = 3.0, deadline: float = 30.0) -> Counter[str]:
-    """Series per metric once the count has held for 4 scrapes in a row after `settle` seconds (the analyses
-    have run several windows and every collector several times)."""
-    with running(config) as (_, url):
-        time.sleep(settle)
-        end = time.monotonic() + deadline
-        counts: list[Counter[str]] = []
-        while time.monotonic() < end:
-            counts.append(series(_scrape(url)))
-            if len(counts) >= 4 and all(c == counts[-1] for c in counts[-4:]):
-                return counts[-1]
-            time.sleep(0.5)
-    raise AssertionError(f"{config.key}: the series count did not settle in {deadline:.0f} s: "
+def settled(url: str, settle: float = 3.0, deadline: float = 30.0) -> Counter[str]:
+    """Series per metric at `url` once the count has held for 4 scrapes in a row after `settle` seconds (the
+    analyses have run several windows and every collector several times)."""
+    time.sleep(settle)
+    end = time.monotonic() + deadline
+    counts: list[Counter[str]] = []
+    while time.monotonic() < end:
+        counts.append(series(_scrape(url)))
+        if len(counts) >= 4 and all(c == counts[-1] for c in counts[-4:]):
+            return counts[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"{url}: the series count did not settle in {deadline:.0f} s: "
                          f"{[sum(c.values()) for c in counts[-6:]]}")
+
+
+def measure(config: Configuration) -> Counter[str]:
+    with running(config) as (_, url):
+        return settled(url)
 
 
 def _lmcache_page() -> bytes:
@@ -329,6 +333,8 @@ CONFIGURATIONS = (
                   SIDECAR_ONLY_ENGINE
                   + '[collectors.dynamo_kvbm]\nenabled = true\nurls = ["http://localhost:6880/metrics"]\n'
                     'model = "openai/gpt-oss-120b"\nkv_bytes_per_token = 36864\n'
+                    # the seeds' disk pool is on IBM Storage Scale, shared by every pod: G4
+                    'disk_cache_dir = "/kvbm/pool"\ndisk_tier = "G4"\n'
                     'geometry_url = "http://localhost:8003/metrics"\n'
                   + '[collectors.dynamo]\nenabled = true\nurls = ["http://localhost:8002/metrics"]\n',
                   kv_ranks=1),
