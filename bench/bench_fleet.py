@@ -107,7 +107,7 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--interval", type=int, default=30, help="seconds between samples, recent history")
     parser.add_argument("--fine-hours", type=float, default=1.75)
-    parser.add_argument("--ahead", type=float, default=30.0, help="minutes the history runs past the start")
+    parser.add_argument("--ahead", type=float, default=45.0, help="minutes the history runs past the start")
     parser.add_argument("--rounds", type=int, default=5, help="rule evaluations measured per group")
     parser.add_argument("--repeat", type=int, default=10, help="times each panel query is asked")
     parser.add_argument("--scratch", default="", help="folder for the blocks (default: a temporary one)")
@@ -129,7 +129,7 @@ def main() -> int:
               f"(generated in {filled.generate_seconds:.0f} s, promtool {filled.promtool_seconds:.0f} s)", flush=True)
         baseline = empty_rss(tmp)
         with fp.serving(tmp / "data", tmp) as (prometheus, pid):
-            if time.time() > end - 20 * 60:
+            if time.time() > end - 8 * 60:
                 print(f"the history ends in {(end - time.time()) / 60:.0f} min, too soon to measure: raise --ahead")
                 return 1
             rules_met = measure_rules(prometheus, args.rounds)
