@@ -25,6 +25,7 @@ query's p95 under 1 s.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -111,6 +112,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rule evaluations measured per group")
     parser.add_argument("--repeat", type=int, default=10, help="times each panel query is asked")
     parser.add_argument("--scratch", default="", help="folder for the blocks (default: a temporary one)")
+    parser.add_argument("--blocks", default="", help="measure on the blocks of an earlier run (copied) instead of "
+                        "making new ones; they must still run 8 min past now")
     args = parser.parse_args()
     print(f"bench_fleet: {args.pods} pods, {args.hours:g} h of history, {state()}", flush=True)
 
@@ -123,7 +126,12 @@ def main() -> int:
     timestamps = fp.history_timestamps(end, args.hours + args.ahead / 60, args.interval, args.fine_hours, 300)
     with tempfile.TemporaryDirectory(dir=args.scratch or None, prefix="kvscope-fleet-") as scratch:
         tmp = Path(scratch)
-        filled = fp.backfill(fleet, args.pods, timestamps, tmp / "data", tmp)
+        if args.blocks:
+            shutil.copytree(args.blocks, tmp / "data")
+            filled = fp.existing(tmp / "data")
+            end = filled.max_time
+        else:
+            filled = fp.backfill(fleet, args.pods, timestamps, tmp / "data", tmp)
         print(f"backfilled {filled.samples:,} samples in {filled.blocks} blocks, "
               f"{filled.bytes_on_disk / 2**20:.0f} MiB "
               f"(generated in {filled.generate_seconds:.0f} s, promtool {filled.promtool_seconds:.0f} s)", flush=True)

@@ -39,6 +39,15 @@ class Backfill:
     bytes_on_disk: int
     generate_seconds: float
     promtool_seconds: float
+    max_time: int  # the last sample's instant, seconds
+
+
+def existing(data: Path, generate_seconds: float = 0.0, promtool_seconds: float = 0.0) -> Backfill:
+    """What the blocks in `data` hold, from their meta.json files and their size."""
+    metas = [json.loads(p.read_text()) for p in data.glob("*/meta.json")]
+    size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+    return Backfill(sum(m["stats"]["numSamples"] for m in metas), len(metas), size, generate_seconds,
+                    promtool_seconds, max(m["maxTime"] for m in metas) // 1000)
 
 
 def backfill(fleet: fh.Fleet, pods: int, timestamps: list[int], data: Path, scratch: Path) -> Backfill:
@@ -61,10 +70,9 @@ def backfill(fleet: fh.Fleet, pods: int, timestamps: list[int], data: Path, scra
                        check=True, capture_output=True, timeout=3600)
         converting += time.perf_counter() - began
         text.unlink()
-    metas = [json.loads(p.read_text()) for p in data.glob("*/meta.json")]
-    size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
-    assert sum(m["stats"]["numSamples"] for m in metas) == samples, "promtool stored other than what was written"
-    return Backfill(samples, len(metas), size, generating, converting)
+    filled = existing(data, generating, converting)
+    assert filled.samples == samples, "promtool stored other than what was written"
+    return filled
 
 
 def rules(tmp: Path, site: bool = True) -> Path:
