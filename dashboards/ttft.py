@@ -26,10 +26,11 @@ def build() -> Dashboard:
     ttft = [
         timeseries_panel("TTFT p50 / p95 / p99", (
             "Time to first token of the selected engines, by the engine's own definition, as quantiles of its "
-            "TTFT histogram over the selected pods (kvscope_ttft_seconds)."), "s",
-            [Query(_quantile("0.5", "kvscope_ttft_seconds"), "{{engine}} p50"),
-             Query(_quantile("0.95", "kvscope_ttft_seconds"), "{{engine}} p95"),
-             Query(_quantile("0.99", "kvscope_ttft_seconds"), "{{engine}} p99")], span=12),
+            "TTFT histogram over the selected pods and the last 5 minutes (recording rule "
+            "kvscope:ttft_seconds_bucket:rate5m, the buckets of kvscope_ttft_seconds per second)."), "s",
+            [Query(f"histogram_quantile({q}, sum by (engine, le) (kvscope:ttft_seconds_bucket:rate5m{{{ENGINE}}}))",
+                   f"{{{{engine}}}} {name}") for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))],
+            span=12),
         stat_panel("Mean TTFT", (
             "Mean time to first token: the TTFT histogram's sum over its count (kvscope_ttft_seconds)."), "s",
             [Query(f"sum(rate(kvscope_ttft_seconds_sum{{{ENGINE}}}[$__rate_interval]))"
