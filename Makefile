@@ -67,7 +67,7 @@ fuzz: $(STAMP)
 	PYTHONPATH=tests/lib $(BIN)/python -m testkit.fuzz
 
 # Every benchmark, then one table of every goal (bench/summary.py); exits 1 when a goal is missed or a
-# bench fails. bench_fleet.py (1,000 pods in a real Prometheus) takes about 20 minutes and ~25 GB of scratch disk
+# bench fails. bench_fleet.py (1,000 pods in a real Prometheus) takes about 12 minutes and up to 15 GB of scratch disk
 # for a while; bench_distributed.py about 7. It says first if it will download AIPerf (bench_aiperf.py, about 1.2 GB).
 bench: $(STAMP) tools
 	@# VictoriaMetrics single-node, vmagent and vmalert (Debian 12's victoria-metrics 1.79.5) for bench_distributed.py
