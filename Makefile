@@ -71,8 +71,13 @@ fuzz: $(STAMP)
 	PYTHONPATH=tests/lib $(BIN)/python -m testkit.fuzz
 
 # Every benchmark, then one table of every goal (bench/summary.py); exits 1 when a goal is missed or a
-# bench fails. It says first if it will download AIPerf (bench_aiperf.py, about 1.2 GB).
+# bench fails. bench_fleet.py (1,000 pods in a real Prometheus) takes about 12 minutes and up to 15 GB of scratch disk
+# for a while; bench_distributed.py about 7. It says first if it will download AIPerf (bench_aiperf.py, about 1.2 GB).
 bench: $(STAMP) tools
+	@# VictoriaMetrics single-node, vmagent and vmalert (Debian 12's victoria-metrics 1.79.5) for bench_distributed.py
+	@command -v vmalert >/dev/null || { echo "installing from Debian: victoria-metrics"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends victoria-metrics >/dev/null; }
 	@results=$$(mktemp); status=0; export KVSCOPE_BENCH_RESULTS=$$results; \
 	$(BIN)/python bench/summary.py --before; \
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || status=1; done; \

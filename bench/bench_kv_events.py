@@ -52,6 +52,8 @@ from kvscope.collectors.kv_events.schema import GpuStoresBatch, LegacyBatch, Map
 
 EVENTS_PER_BATCH = 32
 GOAL = 1_000_000  # block events/s, decode + aggregate, one core
+SMALL_BATCH_ABOVE_FLOOR_US = 1.0  # 16-event batches: CPU per event above a bare subscriber at the same rate
+LARGE_BATCH_US = 1.5  # 512-event batches: CPU per event, all in
 DEFAULT_RATE = VllmKvEventsOptions.reuse_sample_rate
 
 
@@ -210,13 +212,18 @@ def bench_live(rounds: int, seconds: float) -> None:
     for events, values in floors.items():
         print(f"    bare subscriber (receive only), 50 k/s in batches of {events:3d}: {spread(values, 'µs/event', 2)}: "
               "ZMQ and Python's wake-ups alone, before any decoding")
-    for events in (16, 512):
-        runs = results[(50e3, events)]
-        us = [r.us_per_event for r in runs]
-        core = statistics.median(r.core_share for r in runs)
-        verdict(f"3: live agent at 50 k events/s, batches of {events}", f"{spread(us, 'µs/event', 2)}, {core:.1%} "
-                "of a core", f"goal 1 µs and 5 %; bare receive {statistics.median(floors[events]):.2f} µs",
-                f"x{statistics.median(us):.2f}", statistics.median(us) <= 1.0 and core <= 0.05)
+    # restated in issue 27 from the floors measured then (4.23 and 1.38 µs/event all in): small batches within
+    # 1 µs per event of a bare pyzmq subscriber's own cost at the same rate, large ones 1.5 µs all in
+    us16 = statistics.median(r.us_per_event for r in results[(50e3, 16)])
+    floor16 = statistics.median(floors[16])
+    verdict("3: live agent at 50 k events/s, batches of 16, above a bare subscriber",
+            f"{spread([r.us_per_event for r in results[(50e3, 16)]], 'µs/event', 2)} all in",
+            f"bare receive {floor16:.2f} µs + goal {SMALL_BATCH_ABOVE_FLOOR_US:g} µs",
+            f"+{us16 - floor16:.2f} µs", us16 - floor16 <= SMALL_BATCH_ABOVE_FLOOR_US)
+    us512 = [r.us_per_event for r in results[(50e3, 512)]]
+    verdict("3: live agent at 50 k events/s, batches of 512, all in", spread(us512, "µs/event", 2),
+            f"goal {LARGE_BATCH_US:g} µs; bare receive {statistics.median(floors[512]):.2f} µs",
+            f"x{statistics.median(us512) / LARGE_BATCH_US:.2f}", statistics.median(us512) <= LARGE_BATCH_US)
 
 
 def main() -> int:

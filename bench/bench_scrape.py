@@ -63,6 +63,7 @@ NODE_EXPORTER_FLAGS = ("--collector.disable-defaults", "--collector.diskstats", 
 KVSCOPE_FLAGS = ("--no-collector.lustre", "--no-collector.nvml", "--no-collector.engine_discovery",
                  "--no-analysis.correlation")
 EXPOSITION_GOAL_US = 2.0
+IDLE_PACE_GOAL = 1.5  # idle agent per cycle / the same work in process at the same pace
 
 
 def process_cpu(pid: int) -> float:
@@ -299,9 +300,12 @@ def overhead_goal(exporters: Exporters, work: Path, rounds: int, seconds: float)
           f"    agent, host collectors on read (default; nobody reads) {spread(idle, 'ms CPU per s')}\n"
           f"    a fixed pure-Python loop after 1 s asleep / back to back: x{spread(wake, '')} (no I/O, tiny "
           "footprint): the wake alone; the cycle's larger factor is its code and data coming back into the caches")
-    verdict("2: idle agent's CPU per 1 s cycle / in-process collect+ingest+render", spread(agent, "ms"),
-            f"in-process back to back {spread(local, 'ms')}", f"x{statistics.median(ratios):.2f}",
-            statistics.median(ratios) <= 2.0)
+    # restated in issue 27 from the floor measured then (x1.38): against the same work at the same pace (one
+    # in-process cycle a second, caches as cold as the agent's), not back to back
+    verdict("2: idle agent's CPU per 1 s cycle / in-process cycle at the same pace (1 s)", spread(agent, "ms"),
+            f"in-process, one cycle a second {spread(cadence, 'ms')} (back to back {spread(local, 'ms')}: "
+            f"x{statistics.median(ratios):.2f}); goal x{IDLE_PACE_GOAL:g}",
+            f"x{statistics.median(floor):.2f}", statistics.median(floor) <= IDLE_PACE_GOAL)
 
 
 def exposition_goal(rounds: int) -> None:

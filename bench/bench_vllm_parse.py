@@ -31,7 +31,7 @@ from kvscope.collectors.engines.vllm_map import Normaliser, wanted_samples  # no
 from kvscope.collectors.scrape.exposition import ExpositionScanner  # noqa: E402
 
 PAGE = ROOT / "tests" / "fixtures" / "vllm" / "v0.33.0-cpu-offload-dp2.prom"
-GOAL = 0.05
+GOAL = 0.06  # of prometheus_client's cold parse (restated in issue 27)
 
 
 def reference(text: str) -> int:

@@ -44,9 +44,10 @@ def build() -> Dashboard:
     models = [
         timeseries_panel("TTFT p95 and p99 by model", (
             "TTFT quantiles of each model over all pods serving it (recording rule "
-            "model:kvscope_ttft_seconds:quantile_rate5m, from the pods' TTFT histograms summed)."), "s",
-            [Query(f'model:kvscope_ttft_seconds:quantile_rate5m{{{MODEL}, quantile="0.95"}}', "{{model}} p95"),
-             Query(f'model:kvscope_ttft_seconds:quantile_rate5m{{{MODEL}, quantile="0.99"}}', "{{model}} p99")]),
+            "model:kvscope_ttft_seconds:quantile_rate5m, from the pods' TTFT histograms summed), one line per "
+            "engine that reports them: a frontend and its workers see the same requests."), "s",
+            [Query(f'model:kvscope_ttft_seconds:quantile_rate5m{{{MODEL}, quantile="{q}"}}',
+                   f"{{{{model}}}} {{{{engine}}}} p{q[2:]}") for q in ("0.95", "0.99")]),
         timeseries_panel("Served share by model and tier", (
             "Of all prompt tokens a model's pods looked up, the share each tier served (recording rule "
             "model:kvscope_kv_served_share:ratio_rate5m). One line per model and tier, not stacked: the "
@@ -70,7 +71,7 @@ def build() -> Dashboard:
             "Each pod's TTFT p95 (kvscope:ttft_seconds:quantile_rate5m) over its model's p95 across all pods, "
             "the ten largest: 2× means that pod's slow requests take twice the fleet's."), "suffix:×",
             [Query(f'topk(10, kvscope:ttft_seconds:quantile_rate5m{{{MODEL}, quantile="0.95"}}'
-                   " / on(cluster, namespace, model, quantile) group_left()"
+                   " / on(cluster, namespace, model, engine, quantile) group_left()"
                    " model:kvscope_ttft_seconds:quantile_rate5m)",
                    "{{instance}}", instant=True)], span=8),
         bargauge_panel("Pods with the slowest fetch from the shared tier", (

@@ -10,7 +10,9 @@ UID = "kvscope-ttft"
 
 
 def _quantile(q: str, metric: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{ENGINE}}}[$__rate_interval])))"
+    """A quantile per engine: engines that see the same requests (a frontend and its workers) each have their
+    own bucket layout, and summed together they would count every request twice."""
+    return f"histogram_quantile({q}, sum by (engine, le) (rate({metric}_bucket{{{ENGINE}}}[$__rate_interval])))"
 
 
 def _split(per: str) -> str:
@@ -24,10 +26,11 @@ def build() -> Dashboard:
     ttft = [
         timeseries_panel("TTFT p50 / p95 / p99", (
             "Time to first token of the selected engines, by the engine's own definition, as quantiles of its "
-            "TTFT histogram over the selected pods (kvscope_ttft_seconds)."), "s",
-            [Query(_quantile("0.5", "kvscope_ttft_seconds"), "p50"),
-             Query(_quantile("0.95", "kvscope_ttft_seconds"), "p95"),
-             Query(_quantile("0.99", "kvscope_ttft_seconds"), "p99")], span=12),
+            "TTFT histogram over the selected pods and the last 5 minutes (recording rule "
+            "kvscope:ttft_seconds_bucket:rate5m, the buckets of kvscope_ttft_seconds per second)."), "s",
+            [Query(f"histogram_quantile({q}, sum by (engine, le) (kvscope:ttft_seconds_bucket:rate5m{{{ENGINE}}}))",
+                   f"{{{{engine}}}} {name}") for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))],
+            span=12),
         stat_panel("Mean TTFT", (
             "Mean time to first token: the TTFT histogram's sum over its count (kvscope_ttft_seconds)."), "s",
             [Query(f"sum(rate(kvscope_ttft_seconds_sum{{{ENGINE}}}[$__rate_interval]))"
@@ -60,7 +63,7 @@ def build() -> Dashboard:
             "first tokens). Fetch share that grows with prompt length points at fetch bandwidth; at a "
             "constant length, at the tier's path."), "percentunit",
             [Query(f"kvscope:ttft_fetch_share:ratio_rate5m{{{ENGINE}}}", "fetch share {{instance}}"),
-             Query(_quantile("0.5", "kvscope_ttft_fetch_share_ratio"), "median request's fetch share"),
+             Query(_quantile("0.5", "kvscope_ttft_fetch_share_ratio"), "{{engine}} median request's fetch share"),
              Query(f"sum(rate(kvscope_prompt_tokens_total{{{ENGINE}}}[$__rate_interval]))"
                    f" / (sum(rate(kvscope_ttft_seconds_count{{{ENGINE}}}[$__rate_interval])) > 0)",
                    "mean prompt tokens")],
@@ -82,8 +85,8 @@ def build() -> Dashboard:
             "95th percentile of the engine's own phase histograms: time waiting before first being scheduled "
             "(kvscope_queue_time_seconds) and time from first schedule to first token "
             "(kvscope_prefill_time_seconds; in vLLM, synchronous KV loads sit inside it)."), "s",
-            [Query(_quantile("0.95", "kvscope_queue_time_seconds"), "queue p95"),
-             Query(_quantile("0.95", "kvscope_prefill_time_seconds"), "prefill p95")]),
+            [Query(_quantile("0.95", "kvscope_queue_time_seconds"), "{{engine}} queue p95"),
+             Query(_quantile("0.95", "kvscope_prefill_time_seconds"), "{{engine}} prefill p95")]),
         timeseries_panel("Requests running and waiting", (
             "Requests in the engine's running batch and waiting to be scheduled, summed over the selected "
             "pods (kvscope_requests_running, kvscope_requests_waiting); dashed, the waiting ones by why, where "

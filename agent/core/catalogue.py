@@ -131,4 +131,7 @@ AGENT_METRICS = (
             "Readings dropped because their value is impossible for the metric: a negative, NaN or infinite "
             "counter (or one at or above its wrap modulus), a histogram with such a count or a non-finite "
             "sum. The series is left out of that collection.", "store"),
+    counter("kvscope_store_capped_readings_total", "", ("collector", "label"),
+            "Readings of a new series refused because a label whose values nothing bounds (target, url, mount, "
+            "device, interface, pid) already held its cap of distinct values (docs/cardinality.md).", "store"),
 )

@@ -11,6 +11,10 @@ holds, is rejected before it touches the series and counted in `kvscope_store_in
 the series is left out of that collection, as if the source had not reported it, and continues from
 its last valid value.
 
+A new series whose target, mount, device, interface or pid would take that label past its cap of distinct
+values (label_caps.py) is refused and counted in `kvscope_store_capped_readings_total`; series already held
+carry on.
+
 No history is kept: the exposition reads current values, and an analysis reads the store through a
 StoreReader (reader.py), which takes one consistent snapshot of the metrics it names per window and
 keeps the previous values its deltas need, for as long as the store holds each series.
@@ -40,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvscope.agent.core.catalogue import Catalogue, MetricSpec
+from kvscope.agent.core.label_caps import LabelCaps
 from kvscope.agent.core.readings import HistogramSample, LabelValues, Reading, Sample
 
 SeriesKey = tuple[str, LabelValues]
@@ -79,6 +84,7 @@ class IngestResult:
     rejected: int = 0  # not catalogued, or the wrong label count or kind
     invalid: int = 0  # a value the metric cannot have (a negative or non-finite counter, ...)
     resets: int = 0
+    capped: dict[str, int] = field(default_factory=dict)  # label -> new series refused by its cap (label_caps.py)
 
 
 @dataclass(slots=True)
@@ -135,7 +141,7 @@ def _valid(spec: MetricSpec, reading: Reading) -> bool:
 
 
 class Store:
-    def __init__(self, catalogue: Catalogue, *, stale_after: int = 5) -> None:
+    def __init__(self, catalogue: Catalogue, *, stale_after: int = 5, label_caps: LabelCaps | None = None) -> None:
         if stale_after < 1:
             raise ValueError(f"stale_after must be >= 1 collection, got {stale_after}")
         self.catalogue = catalogue
@@ -146,6 +152,7 @@ class Store:
         self._born = 0
         self._owners: dict[str, _Owner] = {}
         self._exported: set[SeriesKey] = set()
+        self._caps = LabelCaps() if label_caps is None else label_caps
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -171,6 +178,10 @@ class Store:
                     result.invalid += 1
                     continue
                 if series is None:
+                    refused_by = self._caps.refusal(spec, reading.labels)
+                    if refused_by is not None:
+                        result.capped[refused_by] = result.capped.get(refused_by, 0) + 1
+                        continue
                     series = self._make_locked(key, spec)
                 try:
                     if isinstance(reading, HistogramSample):
@@ -189,6 +200,8 @@ class Store:
                 self._bump_locked("kvscope_store_rejected_readings_total", (owner,), result.rejected)
             if result.invalid:
                 self._bump_locked("kvscope_store_invalid_values_total", (owner,), result.invalid)
+            for label, refused in result.capped.items():
+                self._bump_locked("kvscope_store_capped_readings_total", (owner, label), refused)
         return result
 
     def collection_failed(self, owner: str, now: float) -> None:
@@ -268,11 +281,14 @@ class Store:
     def _make_locked(self, key: SeriesKey, spec: MetricSpec) -> Series:
         self._born += 1
         series = self._series[key] = Series(spec, key[1], born=self._born)
+        self._caps.hold(spec, key[1])
         self._by_name.setdefault(key[0], {})[key[1]] = series
         return series
 
     def _forget_locked(self, key: SeriesKey) -> None:
-        if self._series.pop(key, None) is not None:
+        series = self._series.pop(key, None)
+        if series is not None:
+            self._caps.release(series.spec, key[1])
             group = self._by_name[key[0]]
             del group[key[1]]
             if not group:

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.agent.core.catalogue import AGENT_METRICS, Catalogue, counter, gauge, histogram
+from kvscope.agent.core.label_caps import LabelCaps
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.store import Store
 from kvscope.exporters.prometheus.exposition import TextRenderer
@@ -220,7 +221,8 @@ def expected_series(readings: list[Reading]) -> set[tuple[str, frozenset[tuple[s
 
 @pytest.mark.parametrize("stale_after", [1, 5])
 def test_label_churn_keeps_memory_bounded_and_the_exposition_exact(stale_after: int) -> None:
-    store = Store(CATALOGUE, stale_after=stale_after)
+    # 500 devices and churned ones: uncapped here, this is about what the store holds (label_caps.py caps them)
+    store = Store(CATALOGUE, stale_after=stale_after, label_caps=LabelCaps({}))
     renderer = TextRenderer(store)
     for i in range(60):
         readings = churn_collection(i)

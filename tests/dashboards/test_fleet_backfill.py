@@ -1,0 +1,57 @@
+"""The 1,000-pod bench (bench/bench_fleet.py) in small: 20 pods × 30 min of history made from the agent's real
+exposition, backfilled with promtool, under a real Prometheus with the shipped rules. The fleet figures are
+what the captured rates say, and every dashboard panel's query is answered."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from testkit import fleet_history as fh
+from testkit import fleet_prometheus as fp
+from testkit.environment import require_tool
+
+pytestmark = pytest.mark.integration
+PODS = 20
+ONBOARD = re.compile(r'dst="G[123]"')
+
+
+def expected_g4_fetch_rate(fleet: fh.Fleet) -> float:
+    """Bytes per second all pods fetch from G4: each pod's captured onboard rate out of G4 times its factor."""
+    per_pod = sum(s.rate for s in fleet.pod if s.name == "kvscope_kv_transfer_bytes_total"
+                  and 'src="G4"' in s.labels and ONBOARD.search(s.labels))
+    return per_pod * sum(fh.pod_factor(i) for i in range(PODS))
+
+
+def test_fleet_rules_and_panels_on_backfilled_history(tmp_path: Path) -> None:
+    require_tool("promtool")
+    require_tool("prometheus")
+    fleet = fh.capture()
+    assert expected_g4_fetch_rate(fleet) > 0, "the captured pod fetches nothing from G4"
+    end = int(time.time()) + 20 * 60
+    timestamps = fp.history_timestamps(end, 0.5 + 1 / 3, 30, 0.5 + 1 / 3, 300)
+    filled = fp.backfill(fleet, PODS, timestamps, tmp_path / "data", tmp_path)
+    nodes = -(-PODS // fh.PODS_PER_NODE)
+    assert filled.samples == len(timestamps) * (PODS * len(fleet.pod) + nodes * len(fleet.node))
+
+    with fp.serving(tmp_path / "data", tmp_path, evaluation_interval="1s") as (prometheus, _):
+        fp.evaluations(prometheus, 2, timeout=60)
+        groups = fp.rule_groups(prometheus)
+        assert {name for name in groups} >= {"kvscope.rules", "kvscope.fleet", "kvscope.alerts", "kvscope.site"}
+        broken = [(g, r["name"], r.get("lastError")) for g in groups.values() for r in g["rules"]
+                  if r.get("health") != "ok"]
+        assert not broken, broken
+
+        [fetch] = prometheus.query('tier:kvscope_kv_fetch_bytes:rate5m{tier="G4"}')
+        assert float(fetch["value"][1]) == pytest.approx(expected_g4_fetch_rate(fleet), rel=1e-6)
+        [pods] = prometheus.query('tier:kvscope_kv_fetch_pods:count5m{tier="G4"}')
+        assert float(pods["value"][1]) == PODS
+        [load] = prometheus.query('tier:kvscope_kv_fetch_utilisation:ratio_rate5m{tier="G4"}')
+        assert float(load["value"][1]) == pytest.approx(expected_g4_fetch_rate(fleet) / 315e9, rel=1e-6)
+
+        queries = fp.panel_queries()
+        answered = [fp.ask(prometheus, query, time.time())[1] for query in queries]
+        assert len(answered) == len(queries) > 80
