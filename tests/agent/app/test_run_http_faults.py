@@ -59,8 +59,9 @@ def stop(proc: subprocess.Popen[str], log: Path, within: float) -> float:
         proc.wait(timeout=within)
     except subprocess.TimeoutExpired:
         pytest.fail(f"kvscope run did not stop within {within} s of SIGTERM")
-    assert proc.returncode == 0, log.read_text()
-    assert "Traceback" not in log.read_text()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text, text
     return time.monotonic() - start
 
 
