@@ -11,7 +11,8 @@ What it does (`make bench`, or `python bench/bench_fleet.py --pods 1000`):
    `--ahead` minutes after the bench starts, so the rules and the panels read data at the instant they run:
    samples every `--interval` s over the last `--fine-hours`, every 5 min before (no rule or panel reads it).
 3. Starts Debian's Prometheus on those blocks with the shipped recording and alert rules (the site rule with
-   the seeds' G4 bandwidth), evaluated every 15 s as deploy/prometheus/prometheus.yml does, and measures
+   the seeds' G4 bandwidth), evaluated every 15 s as deploy/prometheus/prometheus.yml does (kvscope.ttft
+   once a minute, as it says), and measures
    each rule group's evaluation time (Prometheus' own, from /api/v1/rules: what
    prometheus_rule_group_last_duration_seconds exports) against its interval; then every dashboard panel's
    query at the dashboards' default range (1 h, step 15 s, as Grafana asks it), `--repeat` times each, for
@@ -56,7 +57,7 @@ def measure_rules(prometheus: fp.Prometheus, rounds: int) -> bool:
     longest = max(float(g["interval"]) for g in groups.values())  # kvscope.ttft: once a minute
     times = fp.evaluations(prometheus, rounds, timeout=(rounds + 2) * longest * 1.5 + 60)
     met = True
-    print(f"rule groups, the median of {rounds} evaluations each after the first:")
+    print(f"rule groups, the median of their evaluations after the first (at least {rounds} each):")
     for name, values in sorted(times.items()):
         interval = float(groups[name]["interval"])
         median, worst = statistics.median(values), max(values)
