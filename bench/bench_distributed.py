@@ -121,8 +121,11 @@ def main() -> int:
         stack.enter_context(process(
             [binary("victoria-metrics"), f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
              "-retentionPeriod=1d", "-search.latencyOffset=1s"], tmp / "vm.log", f"{vm}/health"))
+        # every group every 5 s on both sides (kvscope.ttft's 1 minute too): results recorded a minute apart
+        # would differ by what the rates did in between
         single, _ = stack.enter_context(fp.serving(tmp / "prometheus", tmp, evaluation_interval="5s",
-                                                   extra_args=("--web.enable-remote-write-receiver",)))
+                                                   extra_args=("--web.enable-remote-write-receiver",),
+                                                   group_interval="5s"))
         vmalert_port = free_port()
         stack.enter_context(process(
             [binary("vmalert"), *(f"-rule={p}" for p in sorted((tmp / "rules").glob("*.yml"))),

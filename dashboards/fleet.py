@@ -34,11 +34,11 @@ def build() -> Dashboard:
             "tier:kvscope_kv_fetch_pods:count5m)."), "suffix: pods",
             [Query(f"tier:kvscope_kv_fetch_pods:count5m{{{SHARED}}}", "{{tier}}")]),
         timeseries_panel("Fetch share of TTFT against the shared tier's load", (
-            "The fetch share of TTFT per model over all its pods (recording rule "
-            "model:kvscope_ttft_fetch_share:ratio_rate5m) beside the shared tier's load (fetch traffic over "
+            "The fetch share of TTFT per model over all its pods, per engine that times the requests (recording "
+            "rule model:kvscope_ttft_fetch_share:ratio_rate5m), beside the shared tier's load (fetch traffic over "
             "configured bandwidth). The seeds measured one GPU against an idle cluster; when the fetch share "
             "climbs with the load, the shared tier is what TTFT waits on."), "percentunit",
-            [Query(f"model:kvscope_ttft_fetch_share:ratio_rate5m{{{MODEL}}}", "fetch share {{model}}"),
+            [Query(f"model:kvscope_ttft_fetch_share:ratio_rate5m{{{MODEL}}}", "fetch share {{model}} {{engine}}"),
              Query(f"tier:kvscope_kv_fetch_utilisation:ratio_rate5m{{{SHARED}}}", "{{tier}} load")], span=24),
     ]
     models = [
@@ -65,7 +65,7 @@ def build() -> Dashboard:
             "pods, the ten largest. A pod far above the others shares the tier but not its fate: look at its "
             "node's NIC, RDMA port or FS client in Hardware path."), "percentunit",
             [Query(f"topk(10, kvscope:ttft_fetch_share:ratio_rate5m{{{MODEL}}}"
-                   " - on(cluster, namespace, model) group_left() model:kvscope_ttft_fetch_share:ratio_rate5m)",
+                   " - on(cluster, namespace, model, engine) group_left() model:kvscope_ttft_fetch_share:ratio_rate5m)",
                    "{{instance}}", instant=True)], span=8),
         bargauge_panel("Pods whose TTFT p95 is furthest above their model's", (
             "Each pod's TTFT p95 (kvscope:ttft_seconds:quantile_rate5m) over its model's p95 across all pods, "

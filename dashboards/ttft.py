@@ -27,7 +27,8 @@ def build() -> Dashboard:
         timeseries_panel("TTFT p50 / p95 / p99", (
             "Time to first token of the selected engines, by the engine's own definition, as quantiles of its "
             "TTFT histogram over the selected pods and the last 5 minutes (recording rule "
-            "kvscope:ttft_seconds_bucket:rate5m, the buckets of kvscope_ttft_seconds per second)."), "s",
+            "kvscope:ttft_seconds_bucket:rate5m, the buckets of kvscope_ttft_seconds per second, recorded once a "
+            "minute)."), "s",
             [Query(f"histogram_quantile({q}, sum by (engine, le) (kvscope:ttft_seconds_bucket:rate5m{{{ENGINE}}}))",
                    f"{{{{engine}}}} {name}") for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))],
             span=12),

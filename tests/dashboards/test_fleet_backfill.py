@@ -37,10 +37,11 @@ def test_fleet_rules_and_panels_on_backfilled_history(tmp_path: Path) -> None:
     nodes = -(-PODS // fh.PODS_PER_NODE)
     assert filled.samples == len(timestamps) * (PODS * len(fleet.pod) + nodes * len(fleet.node))
 
-    with fp.serving(tmp_path / "data", tmp_path, evaluation_interval="1s") as (prometheus, _):
+    with fp.serving(tmp_path / "data", tmp_path, evaluation_interval="1s", group_interval="1s") as (prometheus, _):
         fp.evaluations(prometheus, 2, timeout=60)
         groups = fp.rule_groups(prometheus)
-        assert {name for name in groups} >= {"kvscope.rules", "kvscope.fleet", "kvscope.alerts", "kvscope.site"}
+        assert {name for name in groups} >= {"kvscope.rules", "kvscope.ttft", "kvscope.fleet", "kvscope.alerts",
+                                              "kvscope.site"}
         broken = [(g, r["name"], r.get("lastError")) for g in groups.values() for r in g["rules"]
                   if r.get("health") != "ok"]
         assert not broken, broken
