@@ -47,21 +47,23 @@ class Live:
     restart: Callable[[], None] = lambda: None  # restarts the engine (launch sets it)
 
 
+def _installed(variable: str, folder: str, executable: str, what: str, setup: str) -> Path:
+    """The venv `make e2e` set up (its path in `variable`, else .e2e/`folder`), failing when it lacks `executable`."""
+    path = Path(os.environ.get(variable, HERE.parent / ".e2e" / folder))
+    if not (path / "bin" / executable).exists():
+        pytest.fail(f"no {what} at {path}: run `make e2e` (it runs e2e/{setup} first)")
+    return path
+
+
 @pytest.fixture(scope="session")
 def venv() -> Path:
-    path = Path(os.environ.get("KVSCOPE_E2E_VENV", HERE.parent / ".e2e" / "vllm"))
-    if not (path / "bin" / "vllm").exists():
-        pytest.fail(f"no vLLM venv at {path}: run `make e2e` (it runs e2e/setup_vllm.sh first)")
-    return path
+    return _installed("KVSCOPE_E2E_VENV", "vllm", "vllm", "vLLM venv", "setup_vllm.sh")
 
 
 @pytest.fixture(scope="session")
 def aiperf() -> Path:
     """AIPerf's executable, from e2e/setup_aiperf.sh (Makefile: KVSCOPE_E2E_AIPERF_VENV)."""
-    path = Path(os.environ.get("KVSCOPE_E2E_AIPERF_VENV", HERE.parent / ".e2e" / "aiperf")) / "bin" / "aiperf"
-    if not path.exists():
-        pytest.fail(f"no AIPerf at {path}: run `make e2e` (it runs e2e/setup_aiperf.sh first)")
-    return path
+    return _installed("KVSCOPE_E2E_AIPERF_VENV", "aiperf", "aiperf", "AIPerf", "setup_aiperf.sh") / "bin" / "aiperf"
 
 
 @pytest.fixture(scope="session")
@@ -154,10 +156,7 @@ def launcher(venv: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def dynamo_venv() -> Path:
     """ai-dynamo's venv, from e2e/setup_dynamo.sh (Makefile: KVSCOPE_E2E_DYNAMO_VENV)."""
-    path = Path(os.environ.get("KVSCOPE_E2E_DYNAMO_VENV", HERE.parent / ".e2e" / "dynamo"))
-    if not (path / "bin" / "python").exists():
-        pytest.fail(f"no Dynamo venv at {path}: run `make e2e` (it runs e2e/setup_dynamo.sh first)")
-    return path
+    return _installed("KVSCOPE_E2E_DYNAMO_VENV", "dynamo", "python", "Dynamo venv", "setup_dynamo.sh")
 
 
 @pytest.fixture(scope="session")

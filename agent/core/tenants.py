@@ -26,6 +26,14 @@ OTHER = "other"
 DECAY = 0.5  # traffic weight kept at each rank
 
 
+def check_tenant_options(top_n: int, max_tracked: int) -> None:
+    """The `tenants_top_n` / `tenants_max_tracked` options of a collector that caps tenants (0 = off)."""
+    if top_n < 0:
+        raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {top_n}")
+    if top_n and max_tracked < top_n:
+        raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({top_n}), got {max_tracked}")
+
+
 class TenantCap:
     def __init__(self, top_n: int, max_tracked: int) -> None:
         if top_n < 1:

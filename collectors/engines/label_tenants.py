@@ -63,13 +63,6 @@ class TenantSeries:
     model_label: str = "model_name"
 
 
-def check_tenant_options(top_n: int, max_tracked: int) -> None:
-    if top_n < 0:
-        raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {top_n}")
-    if top_n and max_tracked < top_n:
-        raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({top_n}), got {max_tracked}")
-
-
 def tenant_name(value: str) -> str:
     if not value:
         return NO_TENANT

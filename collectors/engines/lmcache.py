@@ -33,6 +33,7 @@ from typing import Literal
 
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
+from kvscope.agent.core.tenants import check_tenant_options
 from kvscope.agent.core.tiers import parse_tier
 from kvscope.collectors.engines.contract_map import (
     Dialect,
@@ -46,7 +47,6 @@ from kvscope.collectors.engines.label_tenants import (
     LABEL_TENANT_METRICS,
     LabelTenants,
     TenantSeries,
-    check_tenant_options,
 )
 from kvscope.collectors.engines.lmcache_mp import DEFAULT_L2_TIERS, L2, L2_LOAD, mp_dialect
 from kvscope.collectors.engines.lmcache_mp import PREFIX as MP_PREFIX

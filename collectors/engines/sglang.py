@@ -11,13 +11,13 @@ from typing import Literal
 from kvscope.agent.core import contract as c
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import Reading, Sample
+from kvscope.agent.core.tenants import check_tenant_options
 from kvscope.agent.core.tiers import Tier, parse_tier
 from kvscope.collectors.engines.contract_map import EngineNormaliser, Normalised, Resolver, page_model
 from kvscope.collectors.engines.label_tenants import (
     LABEL_TENANT_METRICS,
     LabelTenants,
     TenantSeries,
-    check_tenant_options,
 )
 from kvscope.collectors.engines.page_scrape import SCRAPE_METRICS, EngineCollector, PageScraper, ScrapeOptions
 from kvscope.collectors.engines.sglang_backends import (

@@ -34,7 +34,7 @@ from kvscope.agent.core.kv_access import KvAccessLog
 from kvscope.agent.core.pipeline import CollectorContext, CollectorSpec
 from kvscope.agent.core.readings import HistogramSample, Reading, Sample
 from kvscope.agent.core.streams import KV_ACCESS, StreamUse
-from kvscope.agent.core.tenants import TenantCap
+from kvscope.agent.core.tenants import TenantCap, check_tenant_options
 from kvscope.agent.core.tiers import STORAGE_TIERS, Tier
 from kvscope.collectors.kv_events.residency import BLOCK_SIZE_MIXED, BLOCK_SIZE_NOT_SENT, Residency, tier_of
 from kvscope.collectors.kv_events.schema import EVENT_TYPES, BatchDecoder, DecodedBatch, MalformedBatch
@@ -225,11 +225,7 @@ class VllmKvEventsOptions:
             raise ValueError(f"reuse_sample_rate: must be in [1e-6, 1] (1 = exact), got {self.reuse_sample_rate}")
         if self.kv_bytes_per_token < 0:
             raise ValueError(f"kv_bytes_per_token: must be >= 0 (0 = unknown), got {self.kv_bytes_per_token}")
-        if self.tenants_top_n < 0:
-            raise ValueError(f"tenants_top_n: must be >= 0 (0 = off), got {self.tenants_top_n}")
-        if self.tenants_top_n and self.tenants_max_tracked < self.tenants_top_n:
-            raise ValueError(f"tenants_max_tracked: must be >= tenants_top_n ({self.tenants_top_n}), got "
-                             f"{self.tenants_max_tracked}")
+        check_tenant_options(self.tenants_top_n, self.tenants_max_tracked)
         if self.default_block_size < 0:
             raise ValueError(f"default_block_size: must be >= 0 (0 = unknown), got {self.default_block_size}")
         if self.default_medium and tier_of(self.default_medium, None) is Tier.UNATTRIBUTED:
