@@ -149,7 +149,7 @@ def build_agent(
         _offer(streams, spec.streams, [collectors[name]])
         scheduler.add(collector_job(name, collectors[name], config.interval_of(name), config.timeout_of(name),
                                     spec.on_read and config.agent.collect_on_read))
-    inputs = AnalysisInputs(store, streams, wall_clock)
+    inputs = AnalysisInputs(store, streams, wall_clock, frozenset(enabled_analyses))
     analyses: dict[str, Analysis] = {}
     for name, (aspec, options) in enabled_analyses.items():
         analyses[name] = aspec.factory(options, inputs)

@@ -88,6 +88,8 @@ class AnalysisInputs:
     # requests, KV block accesses
     streams: Streams = field(default_factory=Streams)
     wall_clock: Callable[[], float] = time.time
+    # the names of the enabled analyses, for one that only reads another's results (None: not known)
+    analyses: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

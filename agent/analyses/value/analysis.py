@@ -11,6 +11,7 @@ the break-even size. Without prices it exports GPU-seconds only.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -24,6 +25,9 @@ from kvscope.agent.core.pipeline import AnalysisInputs, AnalysisSpec
 from kvscope.agent.core.reader import StoreReader, Window
 from kvscope.agent.core.readings import Reading, Sample
 from kvscope.agent.core.store import Store
+from kvscope.agent.core.streams import KV_ACCESS
+
+log = logging.getLogger("kvscope.value")
 
 Labels = tuple[str, ...]
 COUNTERS = (cm.TIER_SAVED, cm.TIER_LOST, wm.PREFILL_SAVED, wm.PREFILL_LOST, wm.TTFT, c.KV_HIT_TOKENS,
@@ -38,6 +42,10 @@ class ValueAnalysis:
         self._reader = StoreReader(store, [n for n in (*COUNTERS, *GAUGES) if store.catalogue.get(n) is not None])
         self._rates = curve.Rates(options.window)
         self._wall = wall_clock
+        # nothing to value: neither the correlation analysis (saved seconds per tier) nor a what-if with KV
+        # events to replay runs, so it runs once and is not scheduled again (a wake-up every interval for
+        # nothing costs an idle agent more than its scrapes: docs/scheduler.md)
+        self.idle = False
 
     def run(self) -> list[Reading]:
         window = self._reader.window()
@@ -148,7 +156,14 @@ class ValueAnalysis:
 
 
 def build(options: ValueOptions, inputs: AnalysisInputs) -> ValueAnalysis:
-    return ValueAnalysis(options, inputs.store, inputs.wall_clock)
+    analysis = ValueAnalysis(options, inputs.store, inputs.wall_clock)
+    if inputs.analyses is not None:
+        replaying = "whatif" in inputs.analyses and inputs.streams.get(KV_ACCESS) is not None
+        analysis.idle = "correlation" not in inputs.analyses and not replaying
+    if analysis.idle:
+        log.info("value analysis: idle, nothing to value (it needs the correlation analysis or the what-if "
+                 "analysis with [collectors.vllm_kv_events])")
+    return analysis
 
 
 SPEC = AnalysisSpec(

@@ -85,6 +85,24 @@ def test_the_whatif_analysis_is_idle_without_the_kv_event_collector() -> None:
     assert not job.idle
 
 
+def test_the_value_analysis_is_idle_when_nothing_it_values_runs() -> None:
+    """Without the correlation analysis and without KV events to replay, it has no input: it must run once and
+    not wake the agent every interval (it did: 2 context switches a second, ×4 node_exporter's CPU per 15 s
+    scrape interval in bench_scrape)."""
+    def value_job_idle(config: str) -> bool:
+        agent = build_agent(load_config(config, components(), environ={}))
+        (job,) = [j for j in agent.scheduler.jobs if j.name == "value"]
+        assert job.idle == agent.analyses["value"].idle  # type: ignore[attr-defined]
+        return job.idle
+
+    correlation_off = "[analyses.correlation]\nenabled = false\n"
+    kv_events = "[collectors.vllm_kv_events]\nenabled = true\nendpoint = 'tcp://127.0.0.1:5557'\nmodel = 'm'\n"
+    assert value_job_idle(BASE + correlation_off)
+    assert not value_job_idle(BASE)  # the correlation analysis' saved seconds per tier
+    assert not value_job_idle(BASE + correlation_off + kv_events)  # the what-if's predictions
+    assert value_job_idle(BASE + correlation_off + kv_events + "[analyses.whatif]\nenabled = false\n")
+
+
 def test_the_kv_access_log_is_made_only_when_a_collector_writes_it_and_an_analysis_reads_it() -> None:
     kv_events = "[collectors.vllm_kv_events]\nenabled = true\nendpoint = 'tcp://127.0.0.1:5557'\nmodel = 'm'\n"
     both = build_agent(load_config(BASE + kv_events + "[analyses.whatif]\nqueue_blocks = 123\n", components(),
