@@ -37,7 +37,18 @@ def test_fleet_rules_and_panels_on_backfilled_history(tmp_path: Path) -> None:
     nodes = -(-PODS // fh.PODS_PER_NODE)
     assert filled.samples == len(timestamps) * (PODS * len(fleet.pod) + nodes * len(fleet.node))
 
+    # the rules' results over the last 15 min, as bench_fleet backfills them, level by level (the G4
+    # utilisation reads the pods' fetch rates, which read the transfer rates, each a rule)
+    now = int(time.time())
+    assert [len(level["groups"]) for level in fp.recording_levels(fp.rules(tmp_path))] == [7, 4, 3, 1]
+    fp.backfill_rules(tmp_path / "data", tmp_path, now - 15 * 60, now)
+
     with fp.serving(tmp_path / "data", tmp_path, evaluation_interval="1s", group_interval="1s") as (prometheus, _):
+        for minutes in (14, 5):  # before this Prometheus started: only the backfill recorded them (2 engines a pod)
+            [past] = prometheus.query('tier:kvscope_kv_fetch_utilisation:ratio_rate5m{tier="G4"}',
+                                      at=now - minutes * 60)
+            assert float(past["value"][1]) == pytest.approx(expected_g4_fetch_rate(fleet) / 315e9, rel=1e-6)
+            assert len(prometheus.query("kvscope:ttft_seconds:quantile_rate5m", at=now - minutes * 60)) == 3 * 2 * PODS
         fp.evaluations(prometheus, 2, timeout=60)
         groups = fp.rule_groups(prometheus)
         assert {name for name in groups} >= {"kvscope.rules", "kvscope.ttft", "kvscope.fleet", "kvscope.alerts",

@@ -5,6 +5,7 @@ asked over its HTTP API. Shared by bench/bench_fleet.py (1,000 pods) and its sma
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -26,6 +27,7 @@ from testkit.prometheus import Prometheus, get, process
 from testkit.promql_names import substitute
 
 RULES = ROOT / "dashboards" / "rules"
+DEFAULT_STEP = 15  # seconds: Grafana's step for a 1 h range over a panel's width (15 s scrapes)
 BLOCK_SECONDS = 2 * 3600  # promtool's default block length; one OpenMetrics file per block keeps the disk small
 # the site rule the chart's values set for the seeds' G4 (8-node IBM Storage Scale, 315 GB/s)
 SITE_RULE = {"record": "kvscope:tier_fetch_capacity_bytes_per_second", "expr": "vector(315e9)",
@@ -91,16 +93,65 @@ def rules(tmp: Path, site: bool = True, group_interval: str | None = None) -> Pa
     return out
 
 
+def recording_levels(rules_dir: Path) -> list[dict[str, Any]]:
+    """The recording rules of `rules_dir` as rule-file documents, one per level, groups and intervals kept: a
+    rule of level n reads raw series and rules of levels below n only. promtool backfills a rule from what the
+    Prometheus it asks holds already, so a rule built on another one needs that one's blocks loaded first."""
+    groups = [g for path in sorted(rules_dir.glob("*.yml")) for g in yaml.safe_load(path.read_text())["groups"]]
+    recording = [(g, r) for g in groups for r in g["rules"] if "record" in r]
+    names = {r["record"] for _, r in recording}
+    reads = {id(r): {n for n in names if re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", str(r["expr"]))}
+             for _, r in recording}
+    level: dict[str, int] = dict.fromkeys(names, 0)
+    for _ in range(len(names)):  # longest chain of rules reading rules
+        for _, rule in recording:
+            level[rule["record"]] = max(level[rule["record"]], *(level[n] + 1 for n in reads[id(rule)]), 0)
+    docs: list[dict[str, Any]] = [{"groups": []} for _ in range(max(level.values(), default=-1) + 1)]
+    for group in groups:
+        for n, doc in enumerate(docs):
+            mine = [r for r in group["rules"] if "record" in r and level[r["record"]] == n]
+            if mine:
+                doc["groups"].append({k: v for k, v in group.items() if k != "rules"} | {"rules": mine})
+    return docs
+
+
+def backfill_rules(data: Path, tmp: Path, start: int, end: int) -> float:
+    """The recording rules' results from `start` to `end` (Unix seconds), written as blocks into `data` with
+    `promtool tsdb create-blocks-from rules`, level by level (recording_levels), each level from a
+    Prometheus serving `data` as the levels before left it (no rules of its own). So a panel that reads a
+    recorded series over its whole range reads as much of it as it would in production, not the minutes since
+    this Prometheus started. Returns the seconds it took."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (make tools)"
+    began = time.perf_counter()
+    work = tmp / "rule-backfill"
+    work.mkdir()
+    # one path for every level: a group's evaluation instants are offset by a hash of its name and file, so
+    # each level's rules then run at the instants the level below recorded, as one group's rules do
+    rule_file = work / "rules.yml"
+    for doc in recording_levels(rules(tmp)):
+        rule_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        with serving(data, work, with_rules=False) as (prometheus, _):
+            subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
+                            f"--url={prometheus.url}", f"--output-dir={work / 'blocks'}", "--eval-interval=15s",
+                            str(rule_file)], check=True, capture_output=True, timeout=3600)
+        for block in (work / "blocks").iterdir():
+            shutil.move(block, data / block.name)
+    shutil.rmtree(work)
+    return time.perf_counter() - began
+
+
 @contextmanager
 def serving(data: Path, tmp: Path, evaluation_interval: str = "15s", extra_args: tuple[str, ...] = (),
-            group_interval: str | None = None) -> Iterator[tuple[Prometheus, int]]:
-    """Prometheus 2.x on `data` with the rules (`group_interval`: see rules()), nothing to scrape; yields it
-    and its pid."""
+            group_interval: str | None = None, with_rules: bool = True) -> Iterator[tuple[Prometheus, int]]:
+    """Prometheus 2.x on `data` with the rules (`group_interval`: see rules(); none with `with_rules` false),
+    nothing to scrape; yields it and its pid."""
     # the backfilled blocks run past now, which would make the head refuse every sample before their end
     # ("out of bounds"): the rules' results at now go through the out-of-order window instead
-    config = {"global": {"scrape_interval": "15s", "evaluation_interval": evaluation_interval},
-              "rule_files": [str(rules(tmp, group_interval=group_interval) / "*.yml")],
-              "storage": {"tsdb": {"out_of_order_time_window": "3h"}}}
+    config: dict[str, Any] = {"global": {"scrape_interval": "15s", "evaluation_interval": evaluation_interval},
+                              "storage": {"tsdb": {"out_of_order_time_window": "3h"}}}
+    if with_rules:
+        config["rule_files"] = [str(rules(tmp, group_interval=group_interval) / "*.yml")]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     binary = shutil.which("prometheus")
@@ -141,27 +192,36 @@ class PanelQuery:
     panel: str
     expr: str  # as Prometheus receives it (macros and variables substituted)
     instant: bool
+    step: int = DEFAULT_STEP  # seconds between points: the panel's min interval where it sets a longer one
+
+
+def duration_seconds(text: str) -> int:
+    """A Prometheus/Grafana duration of one unit ("15s", "1m", "2h") in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    return int(text[:-1]) * units[text[-1]]
 
 
 def panel_queries() -> list[PanelQuery]:
+    """Every panel query of the shipped dashboards as Grafana sends it at a 1 h range: at a 15 s step (the
+    range over a panel's default width), or at the panel's min interval where that is longer."""
     out = []
     for path in DASHBOARDS:
         board = json.loads((ROOT / path).read_text())
         for panel in board["panels"]:
+            step = max(DEFAULT_STEP, duration_seconds(panel["interval"])) if panel.get("interval") else DEFAULT_STEP
             for target in panel.get("targets", []):
-                out.append(PanelQuery(board["title"], panel["title"], substitute(target["expr"]),
-                                      bool(target.get("instant"))))
+                out.append(PanelQuery(board["title"], panel["title"], substitute(target["expr"], step=step),
+                                      bool(target.get("instant")), step))
     return out
 
 
-def ask(prometheus: Prometheus, query: PanelQuery, at: float, range_seconds: int = 3600,
-        step: int = 15) -> tuple[float, int]:
+def ask(prometheus: Prometheus, query: PanelQuery, at: float, range_seconds: int = 3600) -> tuple[float, int]:
     """One panel query as Grafana sends it at the dashboards' default range (1 h); seconds taken and series."""
     if query.instant:
         url = f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": query.expr, "time": at})
     else:
         url = f"{prometheus.url}/api/v1/query_range?" + urllib.parse.urlencode(
-            {"query": query.expr, "start": at - range_seconds, "end": at, "step": step})
+            {"query": query.expr, "start": at - range_seconds, "end": at, "step": query.step})
     began = time.perf_counter()
     answer = get(url, timeout=120)
     took = time.perf_counter() - began

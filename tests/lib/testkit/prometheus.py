@@ -61,8 +61,10 @@ class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        answer = get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, at `at` (Unix seconds) or now."""
+        params: dict[str, str | float] = {"query": expr} if at is None else {"query": expr, "time": at}
+        answer = get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params))
         assert answer["status"] == "success", (expr, answer)
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result

@@ -22,14 +22,20 @@ from kvscope.agent.core.catalogue import Catalogue
 # and `node`, which kvscope's PodMonitor and ServiceMonitor add (the node the pod runs on)
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "endpoint", "node"})
 PROMETHEUS_SERIES = {"up": TARGET_LABELS}
-# what Grafana puts in place of its macros and our template variables before a query reaches Prometheus
-GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
 _VARIABLE = re.compile(r"\$\{?(\w+)\}?")
 
 
-def substitute(expr: str, variables: Mapping[str, str] | None = None) -> str:
-    """The expression as Prometheus receives it: macros replaced, template variables by `.*` (All)."""
-    for macro, value in GRAFANA_MACROS.items():
+def grafana_macros(step: int = 15, scrape_interval: int = 15) -> dict[str, str]:
+    """Grafana's macros for a panel asked at `step` seconds (a 1 h range at its default width: 15 s, or the
+    panel's min interval when longer): $__rate_interval is max(step + scrape interval, 4 × scrape interval)."""
+    return {"$__rate_interval": f"{max(step + scrape_interval, 4 * scrape_interval)}s", "$__interval": f"{step}s",
+            "$__range": "1h"}
+
+
+def substitute(expr: str, variables: Mapping[str, str] | None = None, step: int = 15) -> str:
+    """The expression as Prometheus receives it: macros replaced (for a query asked at `step` seconds),
+    template variables by `.*` (All)."""
+    for macro, value in grafana_macros(step).items():
         expr = expr.replace(macro, value)
     chosen = variables or {}
     return _VARIABLE.sub(lambda m: chosen.get(m.group(1), ".*"), expr)
