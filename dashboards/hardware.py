@@ -79,26 +79,29 @@ def build() -> Dashboard:
             "NVML utilization samples: kvscope_gpu_idle_seconds_total over busy plus idle). NVML's busy means "
             "at least one kernel ran, so it overstates how much of the GPU worked. Each GPU is shown under "
             "the namespace/pod the kubelet gave it to (kvscope_gpu_pod_info), and the namespace and pod "
-            "variables select GPUs by that owner; a GPU no pod was given shows under the agent reading it."),
-            "percentunit", [Query(_gpu("kvscope:gpu_idle:ratio_rate5m"), OWNED_GPU)], percent_max=True, span=8),
+            "variables select GPUs by that owner; a GPU no pod was given shows under the agent reading it. One "
+            "point a minute (a 5-minute ratio)."),
+            "percentunit", [Query(_gpu("kvscope:gpu_idle:ratio_rate5m"), OWNED_GPU)], percent_max=True, span=8,
+            min_interval="1m"),
         timeseries_panel("Host↔GPU PCIe bytes: to the GPU up, from it down", (
             "Bytes per second the GPU received over PCIe from the host (the G2→G1 wire, above zero) and sent "
             "to it (G1→G2, below zero), from NVML's PCIe counters or its throughput samples (recording rules "
             "kvscope:gpu_pcie_receive_bytes:rate5m and kvscope:gpu_pcie_transmit_bytes:rate5m, of "
             "kvscope_gpu_pcie_receive_bytes_total and kvscope_gpu_pcie_transmit_bytes_total), under the "
-            "namespace/pod that owns each GPU."), "Bps",
+            "namespace/pod that owns each GPU. One point a minute (5-minute rates)."), "Bps",
             [Query(_gpu("kvscope:gpu_pcie_receive_bytes:rate5m"), f"{OWNED_GPU} host→GPU"),
              Query(_gpu("kvscope:gpu_pcie_transmit_bytes:rate5m"), f"{OWNED_GPU} GPU→host")],
-            negative=[1], span=8),
+            negative=[1], span=8, min_interval="1m"),
         timeseries_panel("GPU idle while requests wait on KV fetch", (
             "Share of wall time each GPU ran no kernel while at least one request was fetching KV blocks and "
             "none was computing (recording rule kvscope:gpu_fetch_stall:ratio_rate5m; the correlation engine "
             "intersects NVML idle samples with the requests' fetch intervals), under the namespace/pod that "
             "owns the GPU. Only an agent that reads both the GPU and the requests computes it: empty where "
             "the node agent reads the GPUs and the sidecar the requests (compare GPU idle share with the "
-            "pod's fetch share of TTFT instead). Dashed: where KVScopeGpuStalledOnFetch fires."),
+            "pod's fetch share of TTFT instead). Dashed: where KVScopeGpuStalledOnFetch fires. One point a "
+            "minute (a 5-minute ratio)."),
             "percentunit", [Query(_gpu("kvscope:gpu_fetch_stall:ratio_rate5m"), OWNED_GPU)], span=8,
-            look=above("KVScopeGpuStalledOnFetch")),
+            look=above("KVScopeGpuStalledOnFetch"), min_interval="1m"),
     ]
     contention = [
         timeseries_panel("Tier path utilisation", (

@@ -67,10 +67,12 @@ def build() -> Dashboard:
             "Failed scrapes of the engine per second by kind: connect, timeout, http_status, too_large, "
             "truncated, protocol, duplicate_series (kvscope_scrape_errors_total); and scrapes whose page named a "
             "value the adapter has no tier for, by value (kvscope_engine_unmapped_values_total, e.g. an SGLang "
-            "storage backend: its tokens are exported as unattributed until storage_backend_tiers maps it)."), "cps",
-            [Query(_rate("kvscope_scrape_errors_total", "kind"), "{{kind}}"),
+            "storage backend: its tokens are exported as unattributed until storage_backend_tiers maps it). The errors "
+            "are 5-minute rates per pod and kind (recording rule kvscope:scrape_errors:rate5m, once a minute: "
+            "every pod exports each kind for each target, errors or not), one point a minute."), "cps",
+            [Query(f"sum by (kind) (kvscope:scrape_errors:rate5m{{{HOST}}})", "{{kind}}"),
              Query(_rate("kvscope_engine_unmapped_values_total", "label, value"), "no tier for {{label}}={{value}}")],
-            span=8),
+            span=8, min_interval="1m"),
         timeseries_panel("Prometheus scraping kvscope", (
             "1 while Prometheus' last scrape of the agent's /metrics succeeded (Prometheus' own `up` series "
             "of the kvscope job)."), "bool_yes_no",

@@ -7,6 +7,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from kvscope.dashboards.panels import (
     ENGINE,
     HOST,
+    MODEL_ENGINE,
     TIER,
     PanelBuilder,
     Query,
@@ -28,10 +29,10 @@ OFFLOAD = (f'kvscope:kv_transfer_bytes:rate5m{{{ENGINE}, src="G1", dst=~"G2|G3|G
 
 
 def _median(histogram: str) -> str:
-    """p50 per tier of a histogram over the selected pods; a tier with no observations in the window (NaN) is not
-    drawn."""
-    return (f"histogram_quantile(0.5, sum by (tier, le) (rate({histogram}_bucket{{{ENGINE}, {TIER}}}"
-            "[$__rate_interval]))) >= 0")
+    """p50 per tier of a histogram over every pod of the selected models, from its buckets' rate recorded by
+    model (kvscope.kv_age); a tier with no observations in the window (NaN) is not drawn."""
+    return (f"histogram_quantile(0.5, sum by (tier, le) (model:{histogram}_bucket:rate5m{{{MODEL_ENGINE}, {TIER}}}))"
+            " >= 0")
 
 
 def build() -> Dashboard:
@@ -133,10 +134,11 @@ def build() -> Dashboard:
         timeseries_panel("KV bytes per link: onboard up, offload down", (
             "Bytes per second moved between tiers, per link, as the engine reports its transfers "
             "(kvscope_kv_transfer_bytes_total). Above zero: blocks moving toward the GPU (G4→G2, G3→G2, G2→G1, "
-            "and direct G3/G4→G1). Below zero: blocks offloaded away from it (G1→G2, G2→G3, G2→G4, ...)."),
+            "and direct G3/G4→G1). Below zero: blocks offloaded away from it (G1→G2, G2→G3, G2→G4, ...). "
+            "From the 5-minute rates of recording rule kvscope:kv_transfer_bytes:rate5m, one point a minute."),
             "Bps",
             [Query(f"sum by (src, dst) ({ONBOARD})", "{{src}} → {{dst}}"),
-             Query(f"sum by (src, dst) ({OFFLOAD})", "{{src}} → {{dst}}")], negative=[1]),
+             Query(f"sum by (src, dst) ({OFFLOAD})", "{{src}} → {{dst}}")], negative=[1], min_interval="1m"),
         bargauge_panel("KV bytes moved per link over the time range", (
             "Total bytes each link carried over the dashboard's time range, summed over the selected pods "
             "(increase of kvscope_kv_transfer_bytes_total)."), "bytes",
@@ -219,12 +221,14 @@ def build() -> Dashboard:
             "axis, dashed: kvscope's own median reuse distance in each tier, in distinct "
             "blocks stored between two uses (kvscope_kv_block_reuse_distance_blocks, from the KV events). A "
             "reuse gap longer than the idle time before eviction means blocks leave G1 before they are used "
-            "again."), "s",
+            "again. Over every pod of the selected engines and models, whichever pods are selected: the buckets' "
+            "rate is recorded by model once a minute (recording group kvscope.kv_age; summing every pod's "
+            "buckets at each point took 2 s at 1,000 pods)."), "s",
             [Query(_median("kvscope_kv_block_lifetime_seconds"), "{{tier}} lifetime"),
              Query(_median("kvscope_kv_block_idle_before_evict_seconds"), "{{tier}} idle before eviction"),
              Query(_median("kvscope_kv_block_reuse_gap_seconds"), "{{tier}} reuse gap"),
              Query(_median("kvscope_kv_block_reuse_distance_blocks"), "{{tier}} reuse distance (kvscope)")],
-            dashed=[3], right_axis={3: "suffix: blocks"}, log_scale=True, span=12),
+            dashed=[3], right_axis={3: "suffix: blocks"}, log_scale=True, span=12, min_interval="1m"),
     ]
     what_if = [
         bargauge_panel("What if the tiers were other sizes: served share", (

@@ -27,6 +27,8 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SCOPE = 'cluster=~"$cluster", namespace=~"$namespace"'
 HOST = f'{SCOPE}, instance=~"$instance"'
 ENGINE = f'{HOST}, engine=~"$engine", model=~"$model"'
+# series recorded over every pod of a model (model:… rules): no instance label to select by
+MODEL_ENGINE = f'{SCOPE}, engine=~"$engine", model=~"$model"'
 TIER = 'tier=~"$tier"'
 # tiers every pod of a cluster shares: each pod reports all of one, so it is counted once per cluster
 SHARED_TIERS = "G4"
@@ -78,10 +80,14 @@ def tier_total(metric: str, selector: str) -> str:
 def timeseries_panel(title: str, description: str, unit: str, queries: Sequence[Query], *, span: int = 12,
                      height: int = 8, stack: bool = False, percent_max: bool = False,
                      negative: Sequence[int] = (), dashed: Sequence[int] = (), log_scale: bool = False,
-                     right_axis: dict[int, str] | None = None, look: Look = NEUTRAL) -> timeseries.Panel:
+                     right_axis: dict[int, str] | None = None, look: Look = NEUTRAL,
+                     min_interval: str | None = None) -> timeseries.Panel:
     """A time series. `negative`: indexes of queries drawn below zero (the other direction of a flow);
     `dashed`: indexes drawn as dashed lines (limits, thresholds); `right_axis`: index -> unit on the right;
-    `look`: thresholds (drawn as a dashed line when they come from an alert) and value mappings."""
+    `look`: thresholds (drawn as a dashed line when they come from an alert) and value mappings;
+    `min_interval`: the shortest step Grafana asks the panel's queries for (its "Min interval"), e.g. "1m" for
+    a series recorded once a minute, or for one whose every point is a pass over many series per pod
+    (docs/dashboards.md#fleet-scale)."""
     _check(title, description, unit, queries)
     panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
              .span(span).height(height).line_width(1).fill_opacity(10 if not stack else 60)
@@ -89,6 +95,8 @@ def timeseries_panel(title: str, description: str, unit: str, queries: Sequence[
                      .placement(cm.LegendPlacement.BOTTOM).calcs([])))
     if stack:
         panel = panel.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
+    if min_interval:
+        panel = panel.interval(min_interval)
     if percent_max:
         panel = panel.min(0).max(1)
     if log_scale:
