@@ -37,15 +37,13 @@ GAUGES = (wm.CAPACITY_BYTES, c.TIER_CAPACITY_BYTES, cm.TIER_BANDWIDTH, cm.TOKEN_
 
 
 class ValueAnalysis:
-    def __init__(self, options: ValueOptions, store: Store, wall_clock: Callable[[], float]) -> None:
+    def __init__(self, options: ValueOptions, store: Store, wall_clock: Callable[[], float],
+                 idle: bool = False) -> None:
         self._o = options
         self._reader = StoreReader(store, [n for n in (*COUNTERS, *GAUGES) if store.catalogue.get(n) is not None])
         self._rates = curve.Rates(options.window)
         self._wall = wall_clock
-        # nothing to value: neither the correlation analysis (saved seconds per tier) nor a what-if with KV
-        # events to replay runs, so it runs once and is not scheduled again (a wake-up every interval for
-        # nothing costs an idle agent more than its scrapes: docs/scheduler.md)
-        self.idle = False
+        self.idle = idle  # runs once and is not scheduled again (build())
 
     def run(self) -> list[Reading]:
         window = self._reader.window()
@@ -156,11 +154,13 @@ class ValueAnalysis:
 
 
 def build(options: ValueOptions, inputs: AnalysisInputs) -> ValueAnalysis:
-    analysis = ValueAnalysis(options, inputs.store, inputs.wall_clock)
-    if inputs.analyses is not None:
-        replaying = "whatif" in inputs.analyses and inputs.streams.get(KV_ACCESS) is not None
-        analysis.idle = "correlation" not in inputs.analyses and not replaying
-    if analysis.idle:
+    # Nothing to value when neither the correlation analysis (saved seconds per tier) nor a what-if with KV events
+    # to replay runs (the KV access stream exists only when the what-if reads it): a wake-up every interval for
+    # nothing costs an idle agent more than its scrapes (docs/scheduler.md).
+    idle = (inputs.analyses is not None and "correlation" not in inputs.analyses
+            and inputs.streams.get(KV_ACCESS) is None)
+    analysis = ValueAnalysis(options, inputs.store, inputs.wall_clock, idle)
+    if idle:
         log.info("value analysis: idle, nothing to value (it needs the correlation analysis or the what-if "
                  "analysis with [collectors.vllm_kv_events])")
     return analysis

@@ -24,10 +24,9 @@ from testkit import fleet_history as fh
 from testkit.http import free_port
 from testkit.paths import ROOT
 from testkit.prometheus import Prometheus, get, process
-from testkit.promql_names import substitute
+from testkit.promql_names import DEFAULT_STEP, substitute
 
 RULES = ROOT / "dashboards" / "rules"
-DEFAULT_STEP = 15  # seconds: Grafana's step for a 1 h range over a panel's width (15 s scrapes)
 BLOCK_SECONDS = 2 * 3600  # promtool's default block length; one OpenMetrics file per block keeps the disk small
 # the site rule the chart's values set for the seeds' G4 (8-node IBM Storage Scale, 315 GB/s)
 SITE_RULE = {"record": "kvscope:tier_fetch_capacity_bytes_per_second", "expr": "vector(315e9)",

@@ -23,16 +23,17 @@ from kvscope.agent.core.catalogue import Catalogue
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "endpoint", "node"})
 PROMETHEUS_SERIES = {"up": TARGET_LABELS}
 _VARIABLE = re.compile(r"\$\{?(\w+)\}?")
+DEFAULT_STEP = 15  # seconds: Grafana's step for a 1 h range over a panel's width (15 s scrapes)
 
 
-def grafana_macros(step: int = 15, scrape_interval: int = 15) -> dict[str, str]:
+def grafana_macros(step: int = DEFAULT_STEP, scrape_interval: int = 15) -> dict[str, str]:
     """Grafana's macros for a panel asked at `step` seconds (a 1 h range at its default width: 15 s, or the
     panel's min interval when longer): $__rate_interval is max(step + scrape interval, 4 × scrape interval)."""
     return {"$__rate_interval": f"{max(step + scrape_interval, 4 * scrape_interval)}s", "$__interval": f"{step}s",
             "$__range": "1h"}
 
 
-def substitute(expr: str, variables: Mapping[str, str] | None = None, step: int = 15) -> str:
+def substitute(expr: str, variables: Mapping[str, str] | None = None, step: int = DEFAULT_STEP) -> str:
     """The expression as Prometheus receives it: macros replaced (for a query asked at `step` seconds),
     template variables by `.*` (All)."""
     for macro, value in grafana_macros(step).items():
