@@ -262,7 +262,7 @@ class VllmKvEventsCollector:
                                                        options.default_medium or None)
         self.receiver = Receiver(self._ctx, self.streams, SocketOptions(
             options.topic.encode(), options.rcvhwm, options.max_message_bytes, options.max_queue_bytes,
-            options.replay_timeout, options.tail_check_after), self.handle, self._check_tail, clock)
+            options.replay_timeout, options.tail_check_after), self.handle_many, self._check_tail, clock)
         self._sequencer = Sequencer(self._lock, self._replay_batches if options.replay_endpoint else None,
                                     options.max_seq_gap)
 
@@ -293,7 +293,7 @@ class VllmKvEventsCollector:
             for s in self.streams:
                 s.residency.set_complete(False)
                 s.queued_bytes = 0
-        self.receiver = Receiver(self._ctx, self.streams, self.receiver.options, self.handle, self._check_tail,
+        self.receiver = Receiver(self._ctx, self.streams, self.receiver.options, self.handle_many, self._check_tail,
                                  self._clock)
         self.ready = threading.Event()
         self._thread = None
@@ -304,26 +304,45 @@ class VllmKvEventsCollector:
     # -- socket thread -----------------------------------------------------------------------------
 
     def handle(self, stream: Stream, frames: Frames) -> None:
-        """One live message: validate, decode, reconcile the sequence number, apply. Never raises: a
-        message the code cannot take is counted as malformed and makes residency unknown."""
-        try:
-            if len(frames) != 3 or len(frames[1]) != 8:
-                self._malformed(stream, f"{len(frames)} frames (seq frame "
-                                        f"{len(frames[1]) if len(frames) > 1 else 0} bytes); expected "
-                                        "[topic, seq(8), payload]")
-                return
+        """One live message (see handle_many)."""
+        self.handle_many(stream, [frames])
+
+    def handle_many(self, stream: Stream, messages: list[Frames]) -> None:
+        """Live messages of one rank, in the order they came: validate and decode each, then reconcile
+        their sequence numbers and apply them (Sequencer.accept_many: a run in order is applied in one
+        step). Never raises: a message the code cannot take is counted as malformed and makes residency
+        unknown; if applying fails (a bug), the run is counted as one malformed message and the batches
+        after it show as a gap."""
+        decoded: list[tuple[int, DecodedBatch]] = []
+        decode = self._decoder.decode
+        for frames in messages:
             try:
-                batch = self._decoder.decode(frames[2])
-            except MalformedBatch as exc:
-                self._malformed(stream, f"payload: {exc}")
-                return
-            self._sequencer.accept(stream, int.from_bytes(frames[1], "big"), batch)
-        except Exception as exc:  # a bug, or an input nobody foresaw: the thread must go on
-            log.exception("rank %d: a message could not be applied; residency unknown", stream.rank)
-            with self._lock:
-                stream.malformed += 1
-                stream.residency.set_complete(False)
-            log_once(stream, "internal", f"{type(exc).__name__}: {exc}")
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self._malformed(stream, f"{len(frames)} frames (seq frame "
+                                            f"{len(frames[1]) if len(frames) > 1 else 0} bytes); expected "
+                                            "[topic, seq(8), payload]")
+                    continue
+                try:
+                    batch = decode(frames[2])
+                except MalformedBatch as exc:
+                    self._malformed(stream, f"payload: {exc}")
+                    continue
+                decoded.append((int.from_bytes(frames[1], "big"), batch))
+            except Exception as exc:  # a bug, or an input nobody foresaw: the thread must go on
+                self._internal(stream, exc)
+        if not decoded:
+            return
+        try:
+            self._sequencer.accept_many(stream, decoded)
+        except Exception as exc:
+            self._internal(stream, exc)
+
+    def _internal(self, stream: Stream, exc: Exception) -> None:
+        log.exception("rank %d: a message could not be applied; residency unknown", stream.rank)
+        with self._lock:
+            stream.malformed += 1
+            stream.residency.set_complete(False)
+        log_once(stream, "internal", f"{type(exc).__name__}: {exc}")
 
     def _check_tail(self, stream: Stream) -> None:
         try:

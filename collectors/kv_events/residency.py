@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 _MEDIUM = attrgetter("medium")
 _LOCALITY = attrgetter("locality")
 _HASHES = attrgetter("block_hashes")
+_EVENTS = attrgetter("events")
+_GPU_STORES_ONLY = attrgetter("gpu_stores_only")
 _RUN_KEY = attrgetter("KIND", "medium", "locality")
 _GPU_KEY = ("GPU", None)
 # Mediums whose tier does not depend on locality (tier_of): a batch of them skips the locality check.
@@ -217,6 +219,46 @@ class Residency:
                 self._store(state, run)
             else:
                 self._remove(state, list(chain.from_iterable(map(_HASHES, run))))
+
+    def apply_batches(self, batches: list[Any]) -> None:
+        """Apply decoded batches (schema.DecodedBatch) in order, as `apply` on each would.
+
+        A run of batches of GPU stores only (the usual run while the GPU cache has room) is applied to
+        G1 at once: one residency log append and one reuse-tracker update for the run, with each batch's
+        marker and sampled keys handed to the access stream in order as `apply` would hand them."""
+        n = len(batches)
+        if n == 1 or self.tenants is not None or countOf(map(_GPU_STORES_ONLY, batches), True) != n:
+            for batch in batches:
+                self.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
+            return
+        runs: list[list[Any]] = list(map(_EVENTS, batches))  # batches of GPU stores only: no unknown events
+        self.events[STORED] += sum(map(len, runs))
+        state = self._tier_cache.get(_GPU_KEY) or self._state_for(*_GPU_KEY)
+        reuse = state.reuse
+        mark = self._mark
+        if mark is None:
+            hashes = list(chain.from_iterable(map(_HASHES, chain.from_iterable(runs))))
+            state.resident.store(hashes)
+            reuse.use_many(hashes)
+        else:  # each batch's marker, then its sampled keys (G1's reuse tracker forwards to the stream)
+            forward = reuse.forward
+            per_batch = [list(chain.from_iterable(map(_HASHES, events))) for events in runs]
+            state.resident.store(list(chain.from_iterable(per_batch)))
+            sampled: list[Any] = []
+            for keys in per_batch:
+                mark(BATCH)
+                taken = reuse.sample(keys)
+                if taken:
+                    if forward is not None:
+                        forward(taken)
+                    sampled += taken
+            if sampled:
+                reuse.use_sampled(sampled)
+        for events in runs:
+            if events:
+                size = events[0].block_size
+                if size is not None and not (size == state.block_size > 0 and events[-1].block_size == size):
+                    _fold_block_size(state, size, events[-1].block_size)
 
     @staticmethod
     def _remove(state: TierState, hashes: list[Any]) -> None:

@@ -97,19 +97,28 @@ class ReuseTracker:
         """
         return self.uses * self._scale
 
-    def use_many(self, keys: Sequence[Hashable]) -> None:
-        """Record uses in order. The loop is inlined: it runs once per stored (sampled) block."""
+    def sample(self, keys: Sequence[Hashable]) -> Sequence[Hashable]:
+        """The keys the histogram tracks, in order: those below the sampling threshold (all at rate 1)."""
         threshold = self._threshold
-        if threshold is not None:
-            try:  # uint64 hashes compare in C; any other key type raises and takes the general path
-                keys = [k for k in keys if k < threshold]  # type: ignore[operator]
-            except TypeError:
-                keys = [k for k in keys if sample_key(k) < threshold]
-            if not keys:
-                return
+        if threshold is None:
+            return keys
+        try:  # uint64 hashes compare in C; any other key type raises and takes the general path
+            return [k for k in keys if k < threshold]  # type: ignore[operator]
+        except TypeError:
+            return [k for k in keys if sample_key(k) < threshold]
+
+    def use_many(self, keys: Sequence[Hashable]) -> None:
+        """Record uses in order (the sampled ones), handing them to `forward` first."""
+        keys = self.sample(keys)
+        if keys:
+            if self.forward is not None:
+                self.forward(keys)
+            self.use_sampled(keys)
+
+    def use_sampled(self, keys: Sequence[Hashable]) -> None:
+        """Record uses of keys already sampled (`sample`), in order, without forwarding them. The loop is
+        inlined: it runs once per stored (sampled) block."""
         self.uses += len(keys)
-        if self.forward is not None:
-            self.forward(keys)
         last = self._last
         t = self._now
         n = len(keys)

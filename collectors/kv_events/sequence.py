@@ -2,7 +2,7 @@
 
 vLLM numbers each publisher's batches from 0, +1 per batch, and starts again at 0 with the process
 (facts/vllm.md §2.2). Pure apart from the replay it is handed: `Sequencer.accept` takes one decoded live
-batch with its seq and decides, per rank (`Stream`):
+batch with its seq (`accept_many` a run of them) and decides, per rank (`Stream`):
 
 - **in order** (seq = expected): applied;
 - **gap** (expected < seq ≤ expected + max_seq_gap): the missing batches are counted as dropped, asked of
@@ -91,6 +91,30 @@ class Sequencer:
         self._lock = lock
         self._replay = replay
         self._max_gap = max_seq_gap
+
+    def accept_many(self, s: Stream, batches: list[tuple[int, DecodedBatch]]) -> None:
+        """`accept` for each (seq, batch) in order; a run of batches in order is applied in one step
+        (Residency.apply_batches, under one lock), the others one by one as `accept` does."""
+        run: list[DecodedBatch] = []
+        following = s.expected  # the seq that continues the run (None before the first batch: no run)
+        for seq, batch in batches:
+            if seq == following and s.held is None:
+                run.append(batch)
+                following = seq + 1
+                continue
+            if run:
+                self._apply_run(s, run, following)
+                run = []
+            self.accept(s, seq, batch)
+            following = s.expected
+        if run:
+            self._apply_run(s, run, following)
+
+    def _apply_run(self, s: Stream, run: list[DecodedBatch], following: int | None) -> None:
+        with self._lock:
+            s.residency.apply_batches(run)
+        s.expected = following
+        s.last_ts = run[-1].ts
 
     def accept(self, s: Stream, seq: int, batch: DecodedBatch) -> None:
         if seq == s.expected and s.held is None:  # the common case (never true before the first batch)

@@ -1,8 +1,10 @@
 """The KV-event subscriber's socket thread: ZMQ sockets, a receive queue bounded in bytes, replay requests.
 
-One SUB socket per data-parallel rank. The thread receives messages as they come and processes them one
-at a time from its own queue; between two messages (at most every DRAIN_EVERY seconds of processing) and
-while it waits for a replay, it moves whatever ZMQ has received into the queue. Memory is bounded in bytes:
+One SUB socket per data-parallel rank. The thread receives messages as they come and processes them from
+its own queue, a run of consecutive messages of one rank at a time (at most RUN_BYTES of them, so that a
+run of small batches pays once for what every batch would pay alike: a lock, a residency update); between
+two runs (at most every DRAIN_EVERY seconds of processing) and while it waits for a replay, it moves
+whatever ZMQ has received into the queue. Memory is bounded in bytes:
 
 - ZMQ's MAXMSGSIZE: a frame larger than `max_message_bytes` makes ZMQ drop the connection. ZMQ takes
   that for a protocol error and does not reconnect by itself, so a monitor socket watches each SUB and
@@ -39,18 +41,22 @@ from kvscope.collectors.kv_events.sequence import Stream, log_once
 
 DRAIN_EVERY = 0.001  # seconds of processing between two moves of ZMQ's queue into ours
 DRAIN_LIMIT = 256  # messages moved per socket and drain: a flood must not keep the thread from processing
-POLL_MS = 100  # the longest the thread sleeps without looking at stop() and quiet streams
+RUN_BYTES = 64 * 1024  # a run handed to `handle` ends after the message that reaches this many bytes
+POLL_MS = 100  # the longest the thread sleeps without looking at stop(), monitors and quiet streams
 # While messages keep coming, the thread looks at its sockets once per window instead of waking for each
-# message: one wake-up then serves the messages of the whole window (on a busy 2-core VM a thread wake-up
-# costs 100-200 µs of CPU, as much as handling a batch of 16 events). A stream is steady when a look found
+# message: one wake-up then serves the messages of the whole window. A stream is steady when a look found
 # more than one message, or came within STEADY_GAP of the look before that found some; the window is then
 # as long as half of ZMQ's queue (rcvhwm messages) takes to fill at the rate seen, within MIN_WINDOW and
-# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. A stream faster
-# than that (a window of MIN_WINDOW) is waited for, and its messages gather for MIN_WINDOW behind the
-# first one that wakes the thread, so that a thread that has caught up wakes when the next one comes. There
-# is no pause when messages came while the thread was handling (it is behind: a pause would make the
-# publisher drop) or when a look finds ZMQ's queue full (more is waiting in the connection); a look that
-# finds nothing ends the windows (the thread waits on the sockets again).
+# MAX_WINDOW, and counts from the look: handling what a look found takes from the pause. A look that
+# finds ZMQ's queue full sets the shortest window and the next look comes as soon as the messages are
+# handled (more may wait in the connection); a look that finds nothing ends the windows (the thread waits
+# on the sockets again). Messages that come while the thread handles a look wait for the next look unless
+# handling takes longer than DRAIN_EVERY.
+#
+# What a look costs is what kept the socket thread above a bare subscriber: every zmq_poll asks each socket
+# and its monitor for ZMQ's pending commands (a poll(2) and a getpid(2) each) before its own poll(2), so a
+# steady look takes the messages with receives alone (one failed receive at the end: two system calls) and
+# the monitors and quiet streams are looked at every POLL_MS instead (docs/vllm-kv-events.md#performance-and-loss).
 MIN_WINDOW = 0.002
 MAX_WINDOW = 0.050
 STEADY_GAP = 0.050
@@ -60,11 +66,13 @@ def steady_window(seconds_per_message: float, rcvhwm: int) -> float:
     """The pause between two looks at a steady stream: the time half of ZMQ's queue takes to fill."""
     return min(MAX_WINDOW, max(MIN_WINDOW, seconds_per_message * rcvhwm / 2))
 
-# A message's frames: views of ZMQ's frames (received with copy=False: no copy, and `.more` is an attribute
-# where pyzmq's recv_multipart asks ZMQ for RCVMORE through two Python layers, which costs twice the whole
-# receive), or bytes (replays, tests).
-Frames = Sequence[bytes | memoryview]
-Handle = Callable[[Stream, Frames], None]
+# A message's frames: ZMQ's frames as received with copy=False (no copy; a zmq.Frame is read through the
+# buffer protocol, and `.more` is an attribute where pyzmq's recv_multipart asks ZMQ for RCVMORE through
+# two Python layers, which costs twice the whole receive), or bytes (replays, tests). Typed Any: pyzmq's
+# stubs do not say that a Frame is a buffer.
+Frames = Sequence[Any]
+# The collector's: a run of one rank's messages, in the order they came.
+Handle = Callable[[Stream, list[Frames]], None]
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class Receiver:
         self._monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], Stream]] = {}
         self.reconnects = 0  # connections we made again after ZMQ dropped them
         self._poller = zmq.Poller()
+        self._watcher = zmq.Poller()  # the monitors alone
         self._last_message: dict[int, float] = {}  # rank -> clock() of its last message
 
     def _configure(self, sock: zmq.Socket[Any]) -> None:
@@ -114,6 +123,7 @@ class Receiver:
                 sock.connect(stream.endpoint)
                 self._poller.register(sock, zmq.POLLIN)
                 self._poller.register(monitor, zmq.POLLIN)
+                self._watcher.register(monitor, zmq.POLLIN)
                 self._last_message[stream.rank] = self._clock()
             ready.set()
             self._loop(stop)
@@ -130,45 +140,82 @@ class Receiver:
     def _loop(self, stop: threading.Event) -> None:
         queue = self._queue
         next_drain = 0.0
+        next_watch = 0.0
         last_look = -1.0  # clock() when a look last found messages
         window = 0.0  # > 0 while the stream is steady: the pause between two looks
+        full = False  # the last look found ZMQ's queue full: more may wait in the connection
         came = 0  # messages taken while handling since the last look that found some (for the rate)
-        while not stop.is_set():
+        rcvhwm = self.options.rcvhwm
+        while not stop.is_set():  # handle what is queued, a run at a time, then look again
             if queue:
-                stream, frames, size = queue.popleft()
-                self._queued -= size
-                stream.queued_bytes -= size
-                self._handle(stream, frames)
+                self._handle(*self._pop_run())
                 now = self._clock()
                 if now >= next_drain:
-                    came += self._drain_ready(0)
+                    came += self._take()
                     next_drain = now + DRAIN_EVERY
                 continue
-            got = self._drain_ready(0)  # what came while handling: no pause, the thread is behind
-            if got == 0 and window > MIN_WINDOW:  # a steady stream: one look per window, handling included
-                pause = last_look + window - self._clock()
-                if pause > 0:
-                    time.sleep(pause)  # let this window's messages gather; one look takes them all
-                got = self._drain_ready(0)
-            elif got == 0:
-                got = self._drain_ready(self._poll_ms())  # wait for the next message
-                if got and window:  # a fast stream: let the shortest window's messages gather behind it
-                    time.sleep(MIN_WINDOW)
+            got = 0
+            if window:  # a steady stream: one look per window, handling included
+                if full:  # the last look found ZMQ's queue full: look again at once
+                    got = self._take()
+                if not got:
+                    pause = last_look + window - self._clock()
+                    if pause > 0:
+                        time.sleep(pause)  # let this window's messages gather; one look takes them all
+                    got = self._take()
+                now = self._clock()
+                if now >= next_watch:  # what the poll below watches while the stream is not steady
+                    got += self._watch()
+                    next_watch = now + POLL_MS / 1000
             if got == 0:
-                window = 0.0
-                self._check_quiet()
-                continue
+                got = self._drain_ready(self._poll_ms())  # wait for the next message
+                if got == 0:
+                    window = 0.0
+                    full = False
+                    self._check_quiet()
+                    continue
             now = self._clock()  # the rate: what came since the last look, taken by it or while handling
+            full = got >= rcvhwm
             window = self._window(got, came + got, now - last_look)
             last_look, came = now, 0
+            next_drain = now + DRAIN_EVERY
+
+    def _pop_run(self) -> tuple[Stream, list[Frames]]:
+        """The oldest queued message and those of the same rank right behind it, up to RUN_BYTES."""
+        queue = self._queue
+        stream, frames, size = queue.popleft()
+        run = [frames]
+        taken = size
+        while taken < RUN_BYTES and queue and queue[0][0] is stream:
+            _, frames, size = queue.popleft()
+            run.append(frames)
+            taken += size
+        self._queued -= taken
+        stream.queued_bytes -= taken
+        return stream, run
+
+    def _take(self) -> int:
+        """Move what every SUB socket holds into the queue with receives alone (no zmq_poll); returns how
+        many messages came."""
+        return sum(self._drain(sock, stream) for sock, stream in self._socks.items())
+
+    def _watch(self) -> int:
+        """While steady: reconnect sockets whose monitor reported a disconnection and check quiet streams'
+        tails. Returns the messages a reconnection read."""
+        moved = sum(self._reconnect(monitor) for monitor, _ in self._watcher.poll(0))
+        self._check_quiet()
+        return moved
 
     def _window(self, got: int, came: int, gap: float) -> float:
         """The pause before the next look, after one that found `got` messages, `came` of them in all
-        (those moved while handling included) `gap` seconds after the last look that found any: 0 (wait
-        on the sockets, or no pause when ZMQ's queue was full), or the time half of ZMQ's queue takes to
-        fill at that rate (MIN_WINDOW..MAX_WINDOW)."""
+        (those moved while handling included) `gap` seconds after the last look that found any: 0 (not
+        steady: wait on the sockets), MIN_WINDOW when ZMQ's queue was full (the rate is at least that,
+        and the next look comes once these are handled), else the time half of ZMQ's queue takes to fill
+        at that rate (MIN_WINDOW..MAX_WINDOW)."""
         rcvhwm = self.options.rcvhwm
-        if got >= rcvhwm or (came <= 1 and gap >= STEADY_GAP):
+        if got >= rcvhwm:
+            return MIN_WINDOW
+        if came <= 1 and gap >= STEADY_GAP:
             return 0.0
         return steady_window(gap / came, rcvhwm)
 
@@ -217,17 +264,18 @@ class Receiver:
     def _drain(self, sock: zmq.Socket[Any], stream: Stream) -> int:
         queue = self._queue
         limit = self.options.max_queue_bytes
-        self._last_message[stream.rank] = self._clock()
         recv = sock.recv
         for n in range(DRAIN_LIMIT):
             try:
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                if n:
+                    self._last_message[stream.rank] = self._clock()
                 return n
-            frames = [frame.buffer]
+            frames = [frame]
             while frame.more:  # ZMQ delivers a message whole: its other frames are there
                 frame = recv(zmq.NOBLOCK, copy=False)
-                frames.append(frame.buffer)
+                frames.append(frame)
             size = sum(map(len, frames))
             if queue and self._queued + size > limit:
                 stream.shed += 1  # counted now; a gap in the sequence numbers shows it again later
@@ -237,6 +285,7 @@ class Receiver:
             stream.queued_bytes += size
             if self._queued > self.max_queued:
                 self.max_queued = self._queued
+        self._last_message[stream.rank] = self._clock()
         return DRAIN_LIMIT
 
     def _check_quiet(self) -> None:

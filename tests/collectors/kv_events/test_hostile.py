@@ -1,9 +1,11 @@
 """The subscriber against hostile and failing publishers, over real ZMQ sockets: a frame that used to kill
-the socket thread, a thread that dies all the same, an oversized message, a lost tail, a repeated batch,
-an impossible sequence number, and a flood of 26 KB batches far faster than the subscriber drains."""
+the socket thread, a thread that dies all the same, an oversized message (also while another rank streams
+steadily), a lost tail, a repeated batch, an impossible sequence number, a burst after a slow stream, and
+a flood of 26 KB batches far faster than the subscriber drains."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -102,6 +104,80 @@ def test_an_oversized_message_is_refused_and_shows_as_a_gap(make_sub: Subscriber
     v = wait_for(sub, "kvscope_kv_events_missed_total", LAB, 1)
     assert v[("kvscope_kv_events_dropped_total", LAB)] == 1
     assert tier(v, "kvscope_kv_blocks_stored_total", "G1") == 2
+    pub.close()
+
+
+def consecutive_ports() -> int:
+    """A free loopback port whose next one is free too (rank 1 publishes on rank 0's port + 1)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            try:
+                with socket.socket() as second:
+                    second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def steady(pub: Publisher, every: float, stop: threading.Event) -> threading.Thread:
+    """Sends the next batch (one new block) every `every` seconds from a thread of its own until `stop`."""
+
+    def send() -> None:
+        while not stop.wait(every):
+            pub.send_next(gpu_batch(1_000_000 + pub.next_seq))
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_rank_dropped_for_an_oversized_message_reconnects_while_another_streams(make_sub: Subscribers) -> None:
+    """While a stream is steady the socket thread takes messages without polling; the monitors that see a
+    dropped connection are still looked at (every POLL_MS), so rank 0 comes back while rank 1 never stops."""
+    port = consecutive_ports()
+    pubs = [Publisher(make_sub.ctx, f"tcp://127.0.0.1:{port + rank}") for rank in (0, 1)]
+    for pub in pubs:
+        pub.socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+    sub = make_sub(pubs[0].endpoint, data_parallel_size=2, max_message_bytes=4096, max_queue_bytes=65536)
+    for pub in pubs:
+        pub.wait_subscribed()
+    stop = threading.Event()
+    sender = steady(pubs[1], 0.004, stop)  # 250 batches/s: rank 1 keeps the thread's looks steady
+    try:
+        pubs[0].send(0, gpu_batch(1))
+        wait_for(sub, "kvscope_kv_blocks_stored_total", (*LAB, "G1"), 1)
+        pubs[0].send(1, gpu_batch(*range(100, 200)))  # over max_message_bytes: ZMQ drops the connection
+        resubscribed(pubs[0])  # the subscriber connected again although rank 1 streamed all along
+        pubs[0].send(2, gpu_batch(3))
+        v = wait_for(sub, "kvscope_kv_events_missed_total", LAB, 1)
+        assert tier(v, "kvscope_kv_blocks_stored_total", "G1") == 2
+    finally:
+        stop.set()
+        sender.join()
+    rank1 = ("vllm", "test-model", "1")
+    v = wait_for(sub, "kvscope_kv_blocks_stored_total", (*rank1, "G1"), pubs[1].next_seq)
+    assert v[("kvscope_kv_events_dropped_total", rank1)] == 0 and sub.receiver.reconnects == 1
+    for pub in pubs:
+        pub.close()
+
+
+def test_a_burst_after_a_slow_stream_is_taken_at_once(make_sub: Subscribers) -> None:
+    """A slow steady stream is looked at once per long window (50 ms here); a burst must not be taken at the
+    pace of that window (ZMQ's queue of 8 per 50 ms: 3,000 batches in 19 s): the windows shorten as the
+    looks find ZMQ's queue full, and every batch is applied within seconds, none lost."""
+    pub = Publisher(make_sub.ctx)
+    sub = make_sub(pub.endpoint)
+    pub.wait_subscribed()
+    for seq in range(10):  # one batch per 20 ms: a window of 8 / 2 x 20 ms, capped at 50 ms
+        pub.send(seq, gpu_batch(seq + 1))
+        time.sleep(0.02)
+    for seq in range(10, 3010):
+        pub.send(seq, gpu_batch(seq + 1))
+    v = wait_for(sub, "kvscope_kv_blocks_stored_total", (*LAB, "G1"), 3010)  # within wait_for's 5 s
+    assert v[("kvscope_kv_events_dropped_total", LAB)] == 0
     pub.close()
 
 

@@ -256,7 +256,7 @@ def test_reuse_distance_histogram_over_the_wire(ctx: zmq.Context[Any], make_sub:
     pub.close()
 
 
-def test_the_receive_window_follows_the_rate_and_never_delays_a_backlog() -> None:
+def test_the_receive_window_follows_the_rate_and_shortens_for_a_backlog() -> None:
     """The pause between two looks at the sockets (kv_event_socket.Receiver._window): a steady stream is looked at
     once per window, as long as half of ZMQ's queue takes to fill at its rate, within MIN/MAX_WINDOW."""
     from kvscope.collectors.kv_events.subscriber import MAX_WINDOW, MIN_WINDOW, Receiver, SocketOptions
@@ -272,7 +272,8 @@ def test_the_receive_window_follows_the_rate_and_never_delays_a_backlog() -> Non
         assert window(1, 1, 0.005) == pytest.approx(0.020)  # 200 batches/s: 4 x 5 ms
         assert window(4, 16, 0.004) == MIN_WINDOW  # 4,000 batches/s: 1 ms, raised to the minimum
         assert window(1, 1, 1.0) == 0.0  # a lone message after a quiet second: wait on the sockets
-        assert window(8, 8, 0.002) == 0.0  # ZMQ's queue was full: more waits in the connection, no pause
+        # ZMQ's queue was full: the shortest window, whatever the rate seemed (the loop looks again at once)
+        assert window(8, 8, 0.002) == MIN_WINDOW and window(8, 8, 1.0) == MIN_WINDOW
         assert window(1, 9, 0.030) == pytest.approx(0.030 / 9 * 4)  # moved while handling counts in the rate
     finally:
         ctx.term()
