@@ -256,9 +256,7 @@ class Residency:
                 reuse.use_sampled(sampled)
         for events in runs:
             if events:
-                size = events[0].block_size
-                if size is not None and not (size == state.block_size > 0 and events[-1].block_size == size):
-                    _fold_block_size(state, size, events[-1].block_size)
+                _read_block_size(state, events)  # each batch's ends, as `apply` reads them
 
     @staticmethod
     def _remove(state: TierState, hashes: list[Any]) -> None:
@@ -282,9 +280,7 @@ class Residency:
         hashes = list(chain.from_iterable(map(_HASHES, stores)))
         state.resident.store(hashes)  # a store of a resident block is not a new block (BlockSet counts)
         state.reuse.use_many(hashes)
-        size = stores[0].block_size
-        if size is not None and not (size == state.block_size > 0 and stores[-1].block_size == size):
-            _fold_block_size(state, size, stores[-1].block_size)  # not the usual case: the size changes
+        _read_block_size(state, stores)
 
     def set_complete(self, complete: bool) -> None:
         """True after seeing the publisher from seq 0, False after an unrecovered loss: all tiers."""
@@ -307,6 +303,13 @@ class Residency:
         self.anchored = True
         if self.access is not None:
             self.access.reset()
+
+
+def _read_block_size(state: TierState, stores: list[Any]) -> None:
+    """The block_size of a run of stores to one tier, read at its first and last events (Residency._store)."""
+    size = stores[0].block_size
+    if size is not None and not (size == state.block_size > 0 and stores[-1].block_size == size):
+        _fold_block_size(state, size, stores[-1].block_size)  # not the usual case: the size changes
 
 
 def _fold_block_size(state: TierState, first: Any, last: Any) -> None:

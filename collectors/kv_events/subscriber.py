@@ -170,8 +170,7 @@ class Receiver:
             if got == 0:
                 got = self._drain_ready(self._poll_ms())  # wait for the next message
                 if got == 0:
-                    window = 0.0
-                    full = False
+                    window = 0.0  # `full` is read only while steady: the next look that finds any sets it
                     self._check_quiet()
                     continue
             now = self._clock()  # the rate: what came since the last look, taken by it or while handling
@@ -265,13 +264,13 @@ class Receiver:
         queue = self._queue
         limit = self.options.max_queue_bytes
         recv = sock.recv
-        for n in range(DRAIN_LIMIT):
+        n = 0
+        while n < DRAIN_LIMIT:
             try:
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                if n:
-                    self._last_message[stream.rank] = self._clock()
-                return n
+                break
+            n += 1
             frames = [frame]
             while frame.more:  # ZMQ delivers a message whole: its other frames are there
                 frame = recv(zmq.NOBLOCK, copy=False)
@@ -285,8 +284,9 @@ class Receiver:
             stream.queued_bytes += size
             if self._queued > self.max_queued:
                 self.max_queued = self._queued
-        self._last_message[stream.rank] = self._clock()
-        return DRAIN_LIMIT
+        if n:
+            self._last_message[stream.rank] = self._clock()
+        return n
 
     def _check_quiet(self) -> None:
         now = self._clock()

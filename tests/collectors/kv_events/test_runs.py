@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import zmq
 
-from kvscope.agent.core.kv_access import KvAccessLog
+from kvscope.agent.core.kv_access import BATCH, KvAccessLog
 from kvscope.agent.core.readings import HistogramSample, Sample
 from kvscope.agent.tools.reference.vllm_kv_wire import (
     Vllm033AllBlocksCleared,
@@ -122,7 +122,7 @@ def test_runs_of_messages_end_where_one_at_a_time_does(tenants: bool, rate: floa
     assert readings[("kvscope_kv_events_malformed_total", events)] == 1
     assert readings[("kvscope_kv_events_repeated_total", events)] == 1
     assert readings[("kvscope_kv_blocks_reannounced_total", (*events, "G1"))] > 0
-    assert queued.count(queued[0]) > 100  # one marker per batch (the first entry is one)
+    assert queued[0] is BATCH and queued.count(queued[0]) > 100  # one marker per batch, the first entry one
     rng = random.Random(7)
     for sizes in ([len(messages)], [16], [2, 3, 5, 7], None):
         together, access = collector(tenants, rate)
