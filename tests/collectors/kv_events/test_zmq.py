@@ -256,6 +256,67 @@ def test_reuse_distance_histogram_over_the_wire(ctx: zmq.Context[Any], make_sub:
     pub.close()
 
 
+def test_a_steady_stream_is_held_between_looks_and_handled_together_at_most_hold_apart() -> None:
+    """While the windows are short, the looks only queue what they find and the queue is handled once HOLD has
+    passed since the look that began holding (kv_event_socket.Receiver._hold); at once when the stream is not
+    steady, ZMQ's queue was full, the held bytes reach HOLD_BYTES (at most half of our queue) or the next look
+    would come after HOLD."""
+    from kvscope.collectors.kv_events.subscriber import HOLD, HOLD_BYTES, Receiver, SocketOptions
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        receiver = Receiver(ctx, [], SocketOptions(b"", 8, 1 << 20, 1 << 25, 1.0, 1.0), lambda s, f: None,
+                            lambda s: None)
+        hold = receiver._hold
+        assert hold(10.0, 10.0, 0.004, False) == 10.0  # a steady look begins holding
+        assert hold(10.0, 10.0 + HOLD - 0.005, 0.004, False) == 10.0  # the next look still within HOLD
+        assert hold(10.0, 10.0 + HOLD - 0.003, 0.004, False) == 0.0  # it would come after HOLD: handle now
+        assert hold(10.0, 10.0, 0.0, False) == 0.0  # not steady: a lone message is handled at once
+        assert hold(10.0, 10.0, 0.004, True) == 0.0  # ZMQ's queue was full: a backlog, handle it
+        assert hold(10.0, 10.0, HOLD + 0.001, False) == 0.0  # windows longer than HOLD: nothing to gather
+        receiver._queued = HOLD_BYTES
+        assert hold(10.0, 10.0, 0.004, False) == 0.0
+        small = Receiver(ctx, [], SocketOptions(b"", 8, 1 << 20, 64 * 1024, 1.0, 1.0), lambda s, f: None,
+                         lambda s: None)
+        small._queued = 32 * 1024  # half of a 64 KiB queue: handled before the queue could shed
+        assert small._hold(10.0, 10.0, 0.004, False) == 0.0
+    finally:
+        ctx.term()
+
+
+def test_a_steady_stream_is_handled_in_groups_and_the_last_held_batch_when_it_stops(make_sub: Any) -> None:
+    """1,000 batches/s: a window of 8 / 2 x 1 ms; the handlings come about HOLD + a window apart, not a window
+    apart (~4 ms without holding). When the stream stops, the look that finds nothing hands over what is held:
+    every batch is applied without another message to wake the thread (three times: without that hand-over
+    this fails unless none of the three last looks held)."""
+    from kvscope.collectors.kv_events.subscriber import HOLD
+
+    pub = Publisher(make_sub.ctx)
+    sub = make_sub(pub.endpoint)
+    pub.wait_subscribed()
+    handled: list[float] = []
+    handle = sub.receiver._handle
+
+    def recording(stream: Any, run: Any) -> None:
+        handled.append(time.monotonic())
+        handle(stream, run)
+
+    sub.receiver._handle = recording
+    gaps: list[float] = []
+    for _ in range(3):  # three stops: the last look before a stop holds ~5 times in 6
+        start = len(handled)
+        end = time.monotonic() + 0.25
+        while time.monotonic() < end:
+            pub.send_next(gpu_batch(pub.next_seq + 1))
+            time.sleep(0.001)
+        v = wait_for(sub, "kvscope_kv_blocks_stored_total", (*LAB, "G1"), pub.next_seq)
+        assert v[("kvscope_kv_events_dropped_total", LAB)] == 0
+        gaps += [b - a for a, b in zip(handled[start:], handled[start + 1:], strict=False)]
+    gaps.sort()
+    assert len(gaps) >= 5 and gaps[len(gaps) // 2] >= HOLD / 2, gaps
+    pub.close()
+
+
 def test_the_receive_window_follows_the_rate_and_shortens_for_a_backlog() -> None:
     """The pause between two looks at the sockets (kv_event_socket.Receiver._window): a steady stream is looked at
     once per window, as long as half of ZMQ's queue takes to fill at its rate, within MIN/MAX_WINDOW."""
