@@ -162,11 +162,12 @@ class Sequencer:
         start = expected if expected is not None and not restart else 0
         if restart:
             with self._lock:
-                s.restarts += 1
                 s.residency.restart()
             log_once(s, "restart", f"publisher restarted (seq {seq} after {expected})")
         _, missing = self._fill(s, start, seq, complete_if_whole=first or restart)
-        with self._lock:
+        with self._lock:  # a collection that sees the restart counted sees the batch that showed it applied
+            if restart:
+                s.restarts += 1
             if not first:  # a late joiner's earlier batches were never ours to lose
                 s.dropped += seq - start
                 s.missed += missing
