@@ -26,10 +26,14 @@ def expected_g4_fetch_rate(fleet: fh.Fleet) -> float:
     return per_pod * sum(fh.pod_factor(i) for i in range(PODS))
 
 
-def test_fleet_rules_and_panels_on_backfilled_history(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fleet() -> fh.Fleet:
     require_tool("promtool")
     require_tool("prometheus")
-    fleet = fh.capture()
+    return fh.capture()
+
+
+def test_fleet_rules_and_panels_on_backfilled_history(fleet: fh.Fleet, tmp_path: Path) -> None:
     assert expected_g4_fetch_rate(fleet) > 0, "the captured pod fetches nothing from G4"
     end = int(time.time()) + 20 * 60
     timestamps = fp.history_timestamps(end, 0.5 + 1 / 3, 30, 0.5 + 1 / 3, 300)
@@ -67,3 +71,25 @@ def test_fleet_rules_and_panels_on_backfilled_history(tmp_path: Path) -> None:
         queries = fp.panel_queries()
         answered = [fp.ask(prometheus, query, time.time())[1] for query in queries]
         assert len(answered) == len(queries) > 80
+
+
+def test_rules_backfilled_from_just_before_a_promtool_block_boundary_are_all_recorded(fleet: fh.Fleet,
+                                                                                       tmp_path: Path) -> None:
+    """promtool writes rule results in 2-hour blocks and evaluates each group at its own instants (offset by a
+    hash of the group's name and file): a 1-minute group with no instant between --start and the first
+    block's end got nothing at all, silently. The 20-pod test above failed so when its 15 minutes began 21 s
+    before an even hour (once in a CI run). Here the window begins 21 s before one, in two rule-file paths
+    (offsets): without fp.backfill_start, each path leaves a 1-minute group empty 88 % of the time."""
+    pods = 2
+    boundary = (int(time.time()) - 3 * 3600) // fp.PROMTOOL_BLOCK_SECONDS * fp.PROMTOOL_BLOCK_SECONDS
+    timestamps = fp.history_timestamps(boundary + 20 * 60, 0.5, 30, 0.5, 300)
+    for path in ("a", "b"):
+        tmp = tmp_path / path
+        data = tmp / "data"
+        fp.backfill(fleet, pods, timestamps, data, tmp)
+        fp.backfill_rules(data, tmp, boundary - 21, boundary + 10 * 60)
+        with fp.serving(data, tmp, with_rules=False) as (prometheus, _):
+            at = boundary + 40  # within a minute of the window's start: every 1-minute group evaluated once
+            assert len(prometheus.query("kvscope:ttft_seconds_bucket:rate5m", at=at)) > 0
+            assert len(prometheus.query("kvscope:ttft_seconds:quantile_rate5m", at=at)) == 3 * 2 * pods
+            assert len(prometheus.query("kvscope:scrape_errors:rate5m", at=at)) > 0
