@@ -15,7 +15,10 @@ The fetch seconds of tier t (below G1) are the seconds of the links it is read o
 host memory (G3/G4 -> G2 -> G1) owns its own link's seconds and the part of G2 -> G1's seconds that its
 bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own (if not, the relayed
 tiers share all of it, by their bytes into G2 in the window or, where it counted none, before). Without timed
-links the fetch follows the hit tokens of the tiers below G1.
+links a request's fetch follows the hit tokens it drew from the tiers below G1 (what it read), or the mix's
+where it drew none there: vLLM 0.14.1 with KVBM reports no transfer seconds, and following the mix gave a
+request that read only from G4 the G2 share of the whole run as well (its G4 net saved seconds 15-25 % over
+the truth in 3 of 12 selftests on a loaded machine, where G4 reads took longer).
 
 A request's saved seconds by tier, the split the reference engine's truth uses too (docs/value.md):
 
@@ -160,11 +163,14 @@ class TierMix:
         """saved_t for a request that reused `reused` tokens, avoided `avoided` seconds of compute
         (compute(P, 0) − prefill) and fetched for `fetch` seconds; draws both from the pools."""
         out: dict[str, float] = defaultdict(float)
+        drawn: dict[str, float] = {}
         if reused > 0:
             self._undrawn = max(0.0, self._undrawn - reused)
-            for tier, tokens in _draw(self.hit_pool, reused, self.token_shares()).items():
+            drawn = _draw(self.hit_pool, reused, self.token_shares())
+            for tier, tokens in drawn.items():
                 out[tier] += avoided * tokens / reused
         if fetch > 0:
-            for tier, seconds in _draw(self.fetch_pool, fetch, self.fetch_shares()).items():
+            read = _shares(self.fetch) or _shares({t: n for t, n in drawn.items() if t != G1}) or self.fetch_shares()
+            for tier, seconds in _draw(self.fetch_pool, fetch, read).items():
                 out[tier] -= seconds
         return dict(out)

@@ -71,6 +71,22 @@ def test_untimed_links_follow_the_token_shares_below_g1_and_nothing_seen_is_unat
     assert TierMix().split(10, 1.5, 0.5) == {"unattributed": 1.0}  # no counter placed it: not guessed
 
 
+def test_untimed_fetch_follows_the_tiers_each_request_read_not_the_mix() -> None:
+    """No link seconds (vLLM 0.14.1 + KVBM): a request that drew its hits from G4 only fetched from G4, one that
+    drew from G2 only from G2, whatever the run's mix; one that drew only G1 hits falls back to the mix."""
+    mix = TierMix()
+    mix.add_hits("G2", 3000)
+    mix.add_hits("G4", 1000)
+    assert mix.split(4000, 1.0, 0.0) == pytest.approx({"G2": 0.75, "G4": 0.25})  # the pool drawn empty
+    mix.add_hits("G4", 500)
+    assert mix.split(500, 1.0, 0.2) == pytest.approx({"G4": 0.8})  # all its fetch from G4, not the mix's 30 %
+    mix.add_hits("G2", 500)
+    assert mix.split(500, 1.0, 0.2) == pytest.approx({"G2": 0.8})
+    mix.add_hits("G1", 500)
+    assert mix.fetch_shares() == pytest.approx({"G2": 0.7, "G4": 0.3})
+    assert mix.split(500, 1.0, 0.2) == pytest.approx({"G1": 1.0, "G2": -0.14, "G4": -0.06})
+
+
 def engine_series(hits: dict[str, float], g4_bytes: float, g4_seconds: float, n: int, ttft: float) -> list[Reading]:
     def hist(name: str, total: float) -> HistogramSample:
         return HistogramSample(name, E, ((float("inf"), n),), total, n)
