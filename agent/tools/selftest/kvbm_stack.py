@@ -13,7 +13,8 @@ disk → G1 move (the engine reads the file through host memory; KVBM 0.9 counts
 move is its own link; bytes are blocks × the engine's block bytes. Checks: those of every selftest run
 (checks.compare: hits per tier and bytes per link exact, lookups, computed tokens, TTFT count and sum, spans,
 prefill saved, fetch stall) except the TTFT shares and per-request prefill (see UNSEEN_IN_THIS_STACK), plus
-the connector's matched tokens and the disk pool's placement in G4.
+the connector's matched tokens and the disk pool's placement in G4. The net saved seconds per tier are
+reported, not checked (SPLIT_UNSEEN_IN_THIS_STACK).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvscope.agent.app.wiring import Agent, build_agent, components
@@ -176,12 +177,22 @@ class KvbmStackHarness(Harness):
 # request's prefill phase into fetch and compute: the aggregate TTFT shares and the per-request prefill are
 # not checked for this stack (fetch per request, fetch stall and prefill saved come from the spans and are).
 UNSEEN_IN_THIS_STACK = ("TTFT share ", "requests with prefill ")
+# A request's net saved seconds by tier are its avoided compute split by the tiers its hits came from, less its
+# fetch seconds split by the tiers it read (correlation/tiermix.py). Spans give a request's reused tokens and
+# fetch seconds but not their tiers, and without link seconds the counters cannot tell which of two requests in
+# one scrape window read the slow tier: with two requests at a time, a G4 read of 6.3 ms beside a G2 read of
+# 0.2 ms is shared between G2 and G4 by their hits. So the split per tier is reported here (its total, the
+# request's own net saved seconds, stays checked): checked, it failed 3 runs in 12 on a loaded 2-core machine
+# (G4 15-25 % over the truth, the G4 reads slowing) and passed every run of 15 on an idle one.
+SPLIT_UNSEEN_IN_THIS_STACK = "prefill saved s (net) "
+SPLIT_REPORTED = "reported (no transfer seconds in this stack: concurrent requests' reads not told apart by tier)"
 
 
 def stack_checks(run: RunCapture) -> list[Check]:
     """The selftest's checks of the run that this stack's telemetry can answer, plus KVBM's matched tokens and
     its disk pool in G4."""
-    checks = [c for c in check_run(run) if not c.quantity.startswith(UNSEEN_IN_THIS_STACK)]
+    checks = [_reported(c) if c.quantity.startswith(SPLIT_UNSEEN_IN_THIS_STACK) else c
+              for c in check_run(run) if not c.quantity.startswith(UNSEEN_IN_THIS_STACK)]
     connector_truth = float(sum(v for t in run.truths for tier, v in t.tokens_by_tier.items() if tier != "G1"))
     matched = placed = 0.0
     for name, labels, value in engine_samples(run.exposition):
@@ -192,3 +203,7 @@ def stack_checks(run: RunCapture) -> list[Check]:
     checks.append(_exact(run.label, "connector matched tokens (KVBM)", connector_truth, matched))
     checks.append(_exact(run.label, "KVBM disk pool placed in G4 (info metric)", 1.0, placed))
     return checks
+
+
+def _reported(check: Check) -> Check:
+    return replace(check, tolerance=SPLIT_REPORTED, passed=True)
