@@ -65,7 +65,7 @@ STEADY_GAP = 0.050
 # is handled together once HOLD has passed since the look that began holding (or HOLD_BYTES are queued, or
 # ZMQ's queue was full, or a look found nothing): one handling per HOLD instead of one per window. The
 # decoding and applying code then runs in bursts of ~60 messages instead of ~7, and the VM this was measured
-# on charges a thread for picking that code up again after each sleep (docs/vllm-kv-events.md#cpu).
+# on charges a thread for picking that code up again after each sleep (docs/vllm-kv-events.md#performance-and-loss).
 HOLD = 0.020
 HOLD_BYTES = 256 * 1024
 

@@ -115,7 +115,8 @@ def recording_levels(rules_dir: Path) -> list[dict[str, Any]]:
 
 
 def backfill_rules(data: Path, tmp: Path, start: int, end: int) -> float:
-    """The recording rules' results from `start` to `end` (Unix seconds), written as blocks into `data` with
+    """The recording rules' results from `start` (or up to a group interval before it: backfill_start) to `end`
+    (Unix seconds), written as blocks into `data` with
     `promtool tsdb create-blocks-from rules`, level by level (recording_levels), each level from a
     Prometheus serving `data` as the levels before left it (no rules of its own). So a panel that reads a
     recorded series over its whole range reads as much of it as it would in production, not the minutes since
