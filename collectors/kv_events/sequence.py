@@ -117,11 +117,8 @@ class Sequencer:
         s.last_ts = run[-1].ts
 
     def accept(self, s: Stream, seq: int, batch: DecodedBatch) -> None:
-        if seq == s.expected and s.held is None:  # the common case (never true before the first batch)
-            with self._lock:
-                s.residency.apply(batch.events, batch.unknown_events, batch.gpu_stores_only)
-            s.expected = seq + 1
-            s.last_ts = batch.ts
+        if seq == s.expected and s.held is None:  # in order (never true before the first batch)
+            self._apply_run(s, [batch], seq + 1)
             return
         if seq > MAX_SEQ:
             self._reject(s, seq, "impossible")

@@ -16,9 +16,9 @@ host memory (G3/G4 -> G2 -> G1) owns its own link's seconds and the part of G2 -
 bytes into G2 make of G2 -> G1's bytes; G2 owns the rest, if it serves hits of its own (if not, the relayed
 tiers share all of it, by their bytes into G2 in the window or, where it counted none, before). Without timed
 links a request's fetch follows the hit tokens it drew from the tiers below G1 (what it read), or the mix's
-where it drew none there: vLLM 0.14.1 with KVBM reports no transfer seconds, and following the mix gave a
-request that read only from G4 the G2 share of the whole run as well (its G4 net saved seconds 15-25 % over
-the truth in 3 of 12 selftests on a loaded machine, where G4 reads took longer).
+where it drew none there (vLLM 0.14.1 with KVBM reports no transfer seconds): following the mix alone gave a
+request that read only from G4 the G2 share of the whole run as well. Two requests whose hits one scrape
+window counted still share them, and so their reads' tiers.
 
 A request's saved seconds by tier, the split the reference engine's truth uses too (docs/value.md):
 
@@ -155,9 +155,11 @@ class TierMix:
     def token_shares(self) -> dict[str, float]:
         return _shares(self.hits)
 
-    def fetch_shares(self) -> dict[str, float]:
-        """Shares of the fetch seconds by tier; without timed links, the hit tokens below G1."""
-        return _shares(self.fetch) or _shares({t: n for t, n in self.hits.items() if t != G1})
+    def fetch_shares(self, drawn: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Shares of the fetch seconds by tier; without timed links, the hit tokens below G1 that a request
+        `drawn` (its own reads), else the mix's."""
+        return (_shares(self.fetch) or _shares({t: n for t, n in (drawn or {}).items() if t != G1})
+                or _shares({t: n for t, n in self.hits.items() if t != G1}))
 
     def split(self, reused: float, avoided: float, fetch: float) -> dict[str, float]:
         """saved_t for a request that reused `reused` tokens, avoided `avoided` seconds of compute
@@ -170,7 +172,6 @@ class TierMix:
             for tier, tokens in drawn.items():
                 out[tier] += avoided * tokens / reused
         if fetch > 0:
-            read = _shares(self.fetch) or _shares({t: n for t, n in drawn.items() if t != G1}) or self.fetch_shares()
-            for tier, seconds in _draw(self.fetch_pool, fetch, read).items():
+            for tier, seconds in _draw(self.fetch_pool, fetch, self.fetch_shares(drawn)).items():
                 out[tier] -= seconds
         return dict(out)

@@ -28,6 +28,7 @@ from testkit.promql_names import DEFAULT_STEP, substitute
 
 RULES = ROOT / "dashboards" / "rules"
 BLOCK_SECONDS = 2 * 3600  # promtool's default block length; one OpenMetrics file per block keeps the disk small
+RULE_EVAL_INTERVAL = "15s"  # the rule groups' interval where they set none (Prometheus' evaluation_interval)
 # the site rule the chart's values set for the seeds' G4 (8-node IBM Storage Scale, 315 GB/s)
 SITE_RULE = {"record": "kvscope:tier_fetch_capacity_bytes_per_second", "expr": "vector(315e9)",
              "labels": {"tier": "G4"}}
@@ -130,14 +131,15 @@ def backfill_rules(data: Path, tmp: Path, start: int, end: int) -> float:
     # each level's rules then run at the instants the level below recorded, as one group's rules do
     rule_file = work / "rules.yml"
     levels = recording_levels(rules(tmp))
-    longest = max(duration_seconds(g.get("interval", "15s")) for doc in levels for g in doc["groups"])
+    longest = max(duration_seconds(g.get("interval", RULE_EVAL_INTERVAL)) for doc in levels for g in doc["groups"])
     start = backfill_start(start, longest)
     for doc in levels:
         rule_file.write_text(yaml.safe_dump(doc, sort_keys=False))
         with serving(data, work, with_rules=False) as (prometheus, _):
             subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
-                            f"--url={prometheus.url}", f"--output-dir={work / 'blocks'}", "--eval-interval=15s",
-                            str(rule_file)], check=True, capture_output=True, timeout=3600)
+                            f"--url={prometheus.url}", f"--output-dir={work / 'blocks'}",
+                            f"--eval-interval={RULE_EVAL_INTERVAL}", str(rule_file)],
+                           check=True, capture_output=True, timeout=3600)
         for block in (work / "blocks").iterdir():
             shutil.move(block, data / block.name)
     shutil.rmtree(work)
@@ -198,18 +200,15 @@ class PanelQuery:
     step: int = DEFAULT_STEP  # seconds between points: the panel's min interval where it sets a longer one
 
 
-# promtool's --max-block-duration default: it writes rule results in blocks aligned to multiples of it
-PROMTOOL_BLOCK_SECONDS = 2 * 3600
-
-
 def backfill_start(start: int, longest_interval: int) -> int:
     """`start`, or earlier where promtool 2.42 would record nothing. It evaluates a group at the group's own
-    instants (offset by a hash of its name and file) block by block, and a group with no instant between
+    instants (offset by a hash of its name and file) block by block (blocks of BLOCK_SECONDS, aligned to
+    multiples of it), and a group with no instant between
     --start and the next block boundary gets nothing at all, in no block, with no error: seen when the
     20-pod test's 15 minutes began 21 s before an even hour, for 1-minute groups whose instants fell in the
     first 39 s of a minute (8 of 12 rule-file paths), so once in a while in CI. Starting at least the longest
     group interval before that boundary gives every group an instant in the first block."""
-    boundary = (start // PROMTOOL_BLOCK_SECONDS + 1) * PROMTOOL_BLOCK_SECONDS
+    boundary = (start // BLOCK_SECONDS + 1) * BLOCK_SECONDS
     return min(start, boundary - longest_interval)
 
 
